@@ -1,0 +1,107 @@
+"""Input conversion shared by the public wrappers: one place that turns user input into
+what the Rust core reads, with tokenbatch errors for everything it cannot read."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenbatch.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    TokenBatchError,
+    TokenBatchOverflowError,
+)
+
+_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN = np.iinfo(np.int64).min
+
+IntArray = npt.NDArray[np.int64] | npt.NDArray[np.int32]
+
+
+def as_lengths(values: Any, name: str = "lengths") -> IntArray:
+    """Return ``values`` as a contiguous 1-D int32 or int64 array.
+
+    int32 and int64 arrays that are already C-contiguous pass through without a copy;
+    any other integer dtype, a strided view or a Python list is converted once to int64.
+    Floats (even whole-valued ones), booleans, strings and objects are refused, as are
+    arrays that are not one-dimensional.
+    """
+    if isinstance(values, np.ndarray):
+        array = values
+    else:
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+            raise InvalidTypeError(
+                f"{name} must be a list or 1-D numpy array of integers, "
+                f"got {type(values).__name__}"
+            )
+        if len(values) == 0:
+            return np.empty(0, dtype=np.int64)
+        try:
+            array = np.asarray(values)
+        except (ValueError, TypeError) as exc:  # ragged nested lists, odd objects
+            raise InvalidTypeError(f"{name} could not be read as an integer array: {exc}") from exc
+        if array.dtype == object:
+            raise _object_array_error(values, name)
+    if array.ndim != 1:
+        raise InvalidTypeError(f"{name} must be one-dimensional, got an array of shape {array.shape}")
+    kind = array.dtype.kind
+    if kind not in "iu":
+        raise InvalidTypeError(
+            f"{name} must hold integers, got dtype {array.dtype}"
+            + (" (convert whole-valued floats with .astype(np.int64))" if kind == "f" else "")
+        )
+    if array.dtype in (np.int64, np.int32) and array.flags.c_contiguous:
+        return array  # type: ignore[return-value]
+    if array.dtype == np.uint64 and array.size and int(array.max()) > _INT64_MAX:
+        position = int(np.argmax(array > _INT64_MAX))
+        raise TokenBatchOverflowError(
+            f"{name}[{position}] = {int(array[position])} does not fit in a signed 64-bit integer"
+        )
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _object_array_error(values: Any, name: str) -> TokenBatchError:
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return InvalidTypeError(
+                f"{name}[{position}] = {value!r} is not an integer ({type(value).__name__})"
+            )
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            return TokenBatchOverflowError(
+                f"{name}[{position}] = {value} does not fit in a signed 64-bit integer"
+            )
+    return InvalidTypeError(f"{name} could not be read as an integer array")
+
+
+def as_int(value: Any, name: str, *, minimum: int | None = None) -> int:
+    """Return ``value`` as a Python int in the signed 64-bit range (not bool, not float)."""
+    result = as_int_unbounded(value, name)
+    if not _INT64_MIN <= result <= _INT64_MAX:
+        raise TokenBatchOverflowError(f"{name}={result} does not fit in a signed 64-bit integer")
+    if minimum is not None and result < minimum:
+        raise InvalidValueError(f"{name} must be at least {minimum}, got {result}")
+    return result
+
+
+def as_seed(value: Any) -> int:
+    """Seeds are integers in ``[0, 2**64)``."""
+    seed = as_int_unbounded(value, "seed")
+    if not 0 <= seed < 2**64:
+        raise InvalidValueError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def as_int_unbounded(value: Any, name: str) -> int:
+    """Return ``value`` as a Python int of any size (not bool, not float)."""
+    if isinstance(value, bool):
+        raise InvalidTypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidTypeError(
+            f"{name} must be an integer, got {value!r} ({type(value).__name__})"
+        ) from None

@@ -1,0 +1,11 @@
+//! tokenbatch-core: the pure-Rust engine behind the `tokenbatch` Python package.
+//!
+//! Nothing in this crate knows about Python. Functions take slices and return owned
+//! vectors or plain structs, and report bad input through [`Error`] instead of
+//! panicking, so the binding crate can map every failure to a precise Python exception.
+
+pub mod error;
+pub mod packing;
+pub mod rng;
+
+pub use error::{Error, Result};

@@ -1,0 +1,301 @@
+//! Look-up structures for the bins that are still open.
+//!
+//! Best fit needs "the open bin with the smallest remaining capacity that is at least c".
+//! Remaining capacities are integers in `0..=capacity`, so for ordinary budgets a stack of
+//! bins per capacity value plus a 64-ary bit tree over the non-empty stacks answers that in
+//! O(log64 capacity) — three word scans for a 262,144-token budget. Huge budgets fall back
+//! to an ordered map.
+//!
+//! First fit needs "the lowest-numbered open bin with room for c": a max segment tree over
+//! the bins answers it in O(log bins).
+
+use std::collections::BTreeMap;
+
+/// Budgets above this use the ordered-map index (the bit tree would need capacity / 8 bytes).
+const BUCKET_INDEX_MAX_CAPACITY: u64 = 1 << 24;
+
+const NO_BIN: u32 = u32::MAX;
+
+/// A set of integers in `0..n` with "smallest member >= i" in O(log64 n).
+#[derive(Debug, Clone)]
+pub struct BitTree {
+    /// `levels[0]` holds one bit per member; each higher level one bit per non-zero word below.
+    levels: Vec<Vec<u64>>,
+}
+
+impl BitTree {
+    fn new(n: usize) -> Self {
+        let mut levels = Vec::new();
+        let mut bits = n.max(1);
+        loop {
+            let words = bits.div_ceil(64);
+            levels.push(vec![0u64; words]);
+            if words == 1 {
+                break;
+            }
+            bits = words;
+        }
+        Self { levels }
+    }
+
+    fn insert(&mut self, mut i: usize) {
+        for level in &mut self.levels {
+            let word = &mut level[i >> 6];
+            let was_empty = *word == 0;
+            *word |= 1 << (i & 63);
+            if !was_empty {
+                break;
+            }
+            i >>= 6;
+        }
+    }
+
+    fn remove(&mut self, mut i: usize) {
+        for level in &mut self.levels {
+            let word = &mut level[i >> 6];
+            *word &= !(1 << (i & 63));
+            if *word != 0 {
+                break;
+            }
+            i >>= 6;
+        }
+    }
+
+    fn next_at_or_after(&self, mut i: usize) -> Option<usize> {
+        let mut level = 0;
+        loop {
+            let words = &self.levels[level];
+            let w = i >> 6;
+            if w >= words.len() {
+                return None;
+            }
+            let bits = words[w] & (!0u64 << (i & 63));
+            if bits != 0 {
+                i = (w << 6) | bits.trailing_zeros() as usize;
+                break;
+            }
+            level += 1;
+            if level == self.levels.len() {
+                return None;
+            }
+            i = w + 1;
+        }
+        while level > 0 {
+            level -= 1;
+            i = (i << 6) | self.levels[level][i].trailing_zeros() as usize;
+        }
+        Some(i)
+    }
+}
+
+/// Open bins keyed by remaining capacity, for best fit.
+///
+/// Among bins with equal remaining capacity the one inserted last is taken first (a
+/// stack); `tokenbatch.reference` follows the same rule so results can be compared exactly.
+#[derive(Debug, Clone)]
+pub enum BestFitIndex {
+    /// Bit tree over remaining capacities plus an intrusive stack of bins per capacity.
+    Buckets {
+        non_empty: BitTree,
+        head: Vec<u32>,
+        below: Vec<u32>,
+    },
+    /// Ordered map for budgets too large for the bit tree.
+    Ordered(BTreeMap<u64, Vec<u32>>),
+}
+
+impl BestFitIndex {
+    /// An empty index for remaining capacities in `0..=capacity`.
+    pub fn new(capacity: u64) -> Self {
+        if capacity <= BUCKET_INDEX_MAX_CAPACITY {
+            let n = capacity as usize + 1;
+            Self::Buckets {
+                non_empty: BitTree::new(n),
+                head: vec![NO_BIN; n],
+                below: Vec::new(),
+            }
+        } else {
+            Self::Ordered(BTreeMap::new())
+        }
+    }
+
+    /// Add open bin `bin` with `remaining` free capacity.
+    pub fn insert(&mut self, remaining: u64, bin: u32) {
+        match self {
+            Self::Buckets {
+                non_empty,
+                head,
+                below,
+            } => {
+                let r = remaining as usize;
+                let b = bin as usize;
+                if below.len() <= b {
+                    below.resize(b + 1, NO_BIN);
+                }
+                below[b] = head[r];
+                if head[r] == NO_BIN {
+                    non_empty.insert(r);
+                }
+                head[r] = bin;
+            }
+            Self::Ordered(map) => map.entry(remaining).or_default().push(bin),
+        }
+    }
+
+    /// Remove and return the bin with the least remaining capacity that is at least `need`.
+    pub fn take_best(&mut self, need: u64) -> Option<(u64, u32)> {
+        match self {
+            Self::Buckets {
+                non_empty,
+                head,
+                below,
+            } => {
+                if need as usize >= head.len() {
+                    return None;
+                }
+                let r = non_empty.next_at_or_after(need as usize)?;
+                let bin = head[r];
+                head[r] = below[bin as usize];
+                if head[r] == NO_BIN {
+                    non_empty.remove(r);
+                }
+                Some((r as u64, bin))
+            }
+            Self::Ordered(map) => {
+                let (&remaining, bins) = map.range_mut(need..).next()?;
+                let bin = bins.pop()?;
+                if bins.is_empty() {
+                    map.remove(&remaining);
+                }
+                Some((remaining, bin))
+            }
+        }
+    }
+}
+
+/// Max segment tree over bins, for first fit. A bin's value is `remaining + 1` while it is
+/// open and 0 once closed, so a closed bin never matches even a zero-cost segment.
+#[derive(Debug, Clone)]
+pub struct FirstFitIndex {
+    leaves: usize,
+    tree: Vec<u64>,
+    n_bins: usize,
+}
+
+impl FirstFitIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        let leaves = 1024;
+        Self {
+            leaves,
+            tree: vec![0; 2 * leaves],
+            n_bins: 0,
+        }
+    }
+
+    fn set(&mut self, bin: usize, value: u64) {
+        let mut node = bin + self.leaves;
+        self.tree[node] = value;
+        while node > 1 {
+            node /= 2;
+            self.tree[node] = self.tree[2 * node].max(self.tree[2 * node + 1]);
+        }
+    }
+
+    /// Open a new bin with `remaining` capacity; returns its number.
+    pub fn open(&mut self, remaining: u64) -> u32 {
+        if self.n_bins == self.leaves {
+            // Double the tree; amortised O(1) per bin.
+            let leaves = self.leaves * 2;
+            let mut tree = vec![0; 2 * leaves];
+            tree[leaves..leaves + self.n_bins]
+                .copy_from_slice(&self.tree[self.leaves..self.leaves + self.n_bins]);
+            for node in (1..leaves).rev() {
+                tree[node] = tree[2 * node].max(tree[2 * node + 1]);
+            }
+            self.leaves = leaves;
+            self.tree = tree;
+        }
+        let bin = self.n_bins;
+        self.n_bins += 1;
+        self.set(bin, remaining + 1);
+        bin as u32
+    }
+
+    /// Update a bin's remaining capacity, or close it (`None`).
+    pub fn update(&mut self, bin: u32, remaining: Option<u64>) {
+        self.set(bin as usize, remaining.map_or(0, |r| r + 1));
+    }
+
+    /// The lowest-numbered open bin with at least `need` remaining, and its remaining capacity.
+    pub fn first_fit(&self, need: u64) -> Option<(u32, u64)> {
+        let want = need + 1;
+        if self.tree[1] < want {
+            return None;
+        }
+        let mut node = 1;
+        while node < self.leaves {
+            node = if self.tree[2 * node] >= want {
+                2 * node
+            } else {
+                2 * node + 1
+            };
+        }
+        Some(((node - self.leaves) as u32, self.tree[node] - 1))
+    }
+}
+
+impl Default for FirstFitIndex {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bit_tree_finds_the_next_member() {
+        let mut set = BitTree::new(300_000);
+        for i in [5usize, 64, 4095, 4096, 262_143, 299_999] {
+            set.insert(i);
+        }
+        assert_eq!(set.next_at_or_after(0), Some(5));
+        assert_eq!(set.next_at_or_after(6), Some(64));
+        assert_eq!(set.next_at_or_after(65), Some(4095));
+        assert_eq!(set.next_at_or_after(4097), Some(262_143));
+        set.remove(262_143);
+        assert_eq!(set.next_at_or_after(4097), Some(299_999));
+        set.remove(299_999);
+        assert_eq!(set.next_at_or_after(4097), None);
+        assert_eq!(set.next_at_or_after(1 << 30), None);
+    }
+
+    #[test]
+    fn both_best_fit_indexes_agree() {
+        let mut small = BestFitIndex::new(1000);
+        let mut large = BestFitIndex::Ordered(BTreeMap::new());
+        let ops: Vec<(u64, u32)> = (0..200).map(|i| ((i * 37 % 1001) as u64, i)).collect();
+        for &(r, b) in &ops {
+            small.insert(r, b);
+            large.insert(r, b);
+        }
+        for need in (0..1001).step_by(7) {
+            assert_eq!(small.take_best(need), large.take_best(need));
+        }
+    }
+
+    #[test]
+    fn first_fit_index_grows_and_closes() {
+        let mut index = FirstFitIndex::new();
+        for i in 0..5000u32 {
+            assert_eq!(index.open(u64::from(i % 10)), i);
+        }
+        assert_eq!(index.first_fit(9), Some((9, 9)));
+        index.update(9, None);
+        assert_eq!(index.first_fit(9), Some((19, 9)));
+        assert_eq!(index.first_fit(10), None);
+        assert_eq!(index.first_fit(0), Some((0, 0)));
+    }
+}

@@ -1,0 +1,210 @@
+//! Turning input lengths into the segments that get packed, under the oversize policy.
+//!
+//! A segment is a run of tokens of one input sequence: the whole sequence, its first
+//! `capacity` tokens (truncate) or one piece of it (split). When every sequence maps to
+//! exactly one segment starting at token 0, the sequence index *is* the segment id and
+//! no index or start arrays are allocated.
+
+use super::options::{Oversize, PackOptions};
+use crate::error::{Error, Result};
+
+/// An integer length type accepted from callers (numpy int32 or int64 arrays).
+pub trait Length: Copy + Send + Sync {
+    /// The value widened to `i64`.
+    fn to_i64(self) -> i64;
+}
+
+impl Length for i32 {
+    #[inline]
+    fn to_i64(self) -> i64 {
+        i64::from(self)
+    }
+}
+
+impl Length for i64 {
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self
+    }
+}
+
+/// What the oversize policy did, for the packing summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyCounts {
+    /// Sum of the input lengths.
+    pub input_tokens: u64,
+    /// Sequences left out (`oversize="drop"`).
+    pub dropped_seqs: u64,
+    /// Tokens of the sequences left out.
+    pub dropped_tokens: u64,
+    /// Sequences cut to the capacity (`oversize="truncate"`).
+    pub truncated_seqs: u64,
+    /// Tokens removed by truncation.
+    pub truncated_tokens: u64,
+    /// Sequences cut into pieces (`oversize="split"`).
+    pub split_seqs: u64,
+    /// Pieces those sequences became.
+    pub split_pieces: u64,
+}
+
+/// The segments to pack, in input order.
+#[derive(Debug, Clone)]
+pub struct Segments {
+    /// Length of each segment (at most the capacity, so it fits `u32`).
+    pub lengths: Vec<u32>,
+    /// Input sequence of each segment; `None` means segment `i` is sequence `i`.
+    pub sequence: Option<Vec<u32>>,
+    /// Token offset of each segment in its sequence; `None` means all zero.
+    pub starts: Option<Vec<u64>>,
+    /// What the policy did.
+    pub counts: PolicyCounts,
+}
+
+impl Segments {
+    /// Number of segments.
+    pub fn len(&self) -> usize {
+        self.lengths.len()
+    }
+
+    /// Input sequence of segment `id`.
+    #[inline]
+    pub fn sequence_of(&self, id: usize) -> u32 {
+        match &self.sequence {
+            Some(sequence) => sequence[id],
+            None => id as u32,
+        }
+    }
+
+    /// Token offset of segment `id` inside its sequence.
+    #[inline]
+    pub fn start_of(&self, id: usize) -> u64 {
+        match &self.starts {
+            Some(starts) => starts[id],
+            None => 0,
+        }
+    }
+}
+
+/// Validate `lengths` and apply the oversize policy.
+pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segments> {
+    if lengths.len() >= u32::MAX as usize {
+        return Err(Error::overflow(format!(
+            "{} sequences is more than the supported {}",
+            lengths.len(),
+            u32::MAX - 1
+        )));
+    }
+    let capacity = options.capacity();
+    let mut counts = PolicyCounts::default();
+    let mut n_oversize = 0u64;
+    let mut extra_pieces = 0u64;
+    for (index, &value) in lengths.iter().enumerate() {
+        let length = value.to_i64();
+        if length < 0 {
+            return Err(Error::invalid(format!(
+                "lengths[{index}] = {length} is negative; sequence lengths must be >= 0"
+            )));
+        }
+        let length = length as u64;
+        counts.input_tokens = counts.input_tokens.checked_add(length).ok_or_else(|| {
+            Error::overflow("the lengths sum to more than 2^64 - 1 tokens".to_string())
+        })?;
+        if length > capacity {
+            if options.oversize == Oversize::Error {
+                let detail = if capacity < options.max_tokens {
+                    format!(
+                        " (at most {capacity} with pad_to_multiple_of={})",
+                        options.pad_to_multiple_of
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(Error::Oversize {
+                    index,
+                    length: length as i64,
+                    max_tokens: options.max_tokens,
+                    detail,
+                });
+            }
+            n_oversize += 1;
+            extra_pieces += length.div_ceil(capacity) - 1;
+        }
+    }
+    if counts.input_tokens > i64::MAX as u64 {
+        return Err(Error::overflow(format!(
+            "the lengths sum to {} tokens, more than 2^63 - 1",
+            counts.input_tokens
+        )));
+    }
+    let n_segments = match options.oversize {
+        Oversize::Split => lengths.len() as u64 + extra_pieces,
+        Oversize::Drop => lengths.len() as u64 - n_oversize,
+        Oversize::Error | Oversize::Truncate => lengths.len() as u64,
+    };
+    if n_segments >= u64::from(u32::MAX) {
+        return Err(Error::overflow(format!(
+            "splitting would create {n_segments} segments, more than the supported {}",
+            u32::MAX - 1
+        )));
+    }
+
+    let whole = n_oversize == 0 || options.oversize == Oversize::Truncate;
+    if whole {
+        let lengths_u32 = lengths
+            .iter()
+            .map(|&value| {
+                let length = value.to_i64() as u64;
+                if length > capacity {
+                    counts.truncated_seqs += 1;
+                    counts.truncated_tokens += length - capacity;
+                }
+                length.min(capacity) as u32
+            })
+            .collect();
+        return Ok(Segments {
+            lengths: lengths_u32,
+            sequence: None,
+            starts: None,
+            counts,
+        });
+    }
+
+    let n_segments = n_segments as usize;
+    let mut seg_lengths = Vec::with_capacity(n_segments);
+    let mut seg_sequence = Vec::with_capacity(n_segments);
+    let mut seg_starts = Vec::with_capacity(if options.oversize == Oversize::Split {
+        n_segments
+    } else {
+        0
+    });
+    for (index, &value) in lengths.iter().enumerate() {
+        let length = value.to_i64() as u64;
+        if length <= capacity {
+            seg_lengths.push(length as u32);
+            seg_sequence.push(index as u32);
+            if options.oversize == Oversize::Split {
+                seg_starts.push(0);
+            }
+        } else if options.oversize == Oversize::Drop {
+            counts.dropped_seqs += 1;
+            counts.dropped_tokens += length;
+        } else {
+            counts.split_seqs += 1;
+            let mut start = 0;
+            while start < length {
+                let piece = (length - start).min(capacity);
+                seg_lengths.push(piece as u32);
+                seg_sequence.push(index as u32);
+                seg_starts.push(start);
+                counts.split_pieces += 1;
+                start += piece;
+            }
+        }
+    }
+    Ok(Segments {
+        lengths: seg_lengths,
+        sequence: Some(seg_sequence),
+        starts: (options.oversize == Oversize::Split).then_some(seg_starts),
+        counts,
+    })
+}

@@ -1,0 +1,238 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::error::Error;
+
+fn options(
+    max_tokens: i64,
+    max_seqs: Option<i64>,
+    k: i64,
+    oversize: &str,
+    algorithm: &str,
+) -> PackOptions {
+    PackOptions::new(max_tokens, max_seqs, k, oversize, algorithm, 7).unwrap()
+}
+
+/// Check every invariant of a packing of `input` and return nothing on success.
+fn check_invariants(input: &[i64], packing: &Packing, opts: &PackOptions) {
+    let n_bins = packing.n_bins();
+    assert_eq!(packing.bin_offsets[0], 0);
+    assert_eq!(
+        *packing.bin_offsets.last().unwrap() as usize,
+        packing.indices.len()
+    );
+    assert_eq!(packing.bin_tokens.len(), n_bins);
+    for bin in 0..n_bins {
+        let (lo, hi) = (
+            packing.bin_offsets[bin] as usize,
+            packing.bin_offsets[bin + 1] as usize,
+        );
+        assert!(hi > lo, "bin {bin} is empty");
+        assert!(
+            (hi - lo) as u64 <= opts.max_seqs,
+            "bin {bin} holds too many segments"
+        );
+        let cost: u64 = packing.lengths[lo..hi]
+            .iter()
+            .map(|&l| opts.cost(l as u64))
+            .sum();
+        assert!(packing.bin_tokens[bin] as u64 >= cost);
+        assert!(
+            packing.bin_tokens[bin] as u64 <= opts.max_tokens,
+            "bin {bin} over budget"
+        );
+    }
+    // Token coverage: per sequence, the segments tile a prefix of it exactly once.
+    let mut covered: Vec<Vec<(i64, i64)>> = vec![Vec::new(); input.len()];
+    for s in 0..packing.indices.len() {
+        covered[packing.indices[s] as usize].push((packing.starts[s], packing.lengths[s]));
+    }
+    let capacity = opts.capacity() as i64;
+    for (i, pieces) in covered.iter_mut().enumerate() {
+        pieces.sort_unstable();
+        let length = input[i];
+        match opts.oversize {
+            Oversize::Drop if length > capacity => assert!(pieces.is_empty()),
+            Oversize::Truncate if length > capacity => assert_eq!(pieces, &vec![(0, capacity)]),
+            Oversize::Split if length > capacity => {
+                let mut next = 0;
+                for &(start, len) in pieces.iter() {
+                    assert_eq!(start, next);
+                    assert!(len > 0 && len <= capacity);
+                    next += len;
+                }
+                assert_eq!(next, length);
+            }
+            _ => assert_eq!(pieces, &vec![(0, length)], "sequence {i}"),
+        }
+    }
+}
+
+fn lower_bound_ratio(packing: &Packing, opts: &PackOptions) -> f64 {
+    packing.n_bins() as f64 / packing.lower_bound(opts).max(1) as f64
+}
+
+#[test]
+fn best_fit_fills_bins_exactly_when_possible() {
+    let input = [6i64, 4, 5, 5, 3, 7];
+    let opts = options(10, None, 1, "error", "bfd");
+    let packing = pack(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+    assert_eq!(packing.n_bins(), 3);
+    assert_eq!(packing.bin_tokens, vec![10, 10, 10]);
+    // Decreasing order, ties by index: 7 then 3 fills bin 0.
+    assert_eq!(packing.indices[..2], [5, 4]);
+}
+
+#[test]
+fn next_fit_keeps_input_order() {
+    let input = [3i64, 3, 3, 9, 1];
+    let opts = options(10, None, 1, "error", "next_fit");
+    let packing = pack(&input, &opts).unwrap();
+    assert_eq!(packing.indices, vec![0, 1, 2, 3, 4]);
+    assert_eq!(packing.bin_offsets, vec![0, 3, 5]);
+}
+
+#[test]
+fn max_seqs_closes_bins() {
+    let input = [1i64; 10];
+    for algorithm in ["bfd", "ffd", "next_fit", "first_fit_shuffled"] {
+        let opts = options(100, Some(3), 1, "error", algorithm);
+        let packing = pack(&input, &opts).unwrap();
+        check_invariants(&input, &packing, &opts);
+        assert_eq!(packing.n_bins(), 4, "{algorithm}");
+        assert_eq!(packing.lower_bound(&opts), 4);
+    }
+}
+
+#[test]
+fn oversize_policies() {
+    let input = [25i64, 4, 10];
+    let err = pack(&input, &options(10, None, 1, "error", "bfd")).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Oversize {
+            index: 0,
+            length: 25,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("sequence 0 has 25 tokens"));
+
+    let opts = options(10, None, 1, "truncate", "bfd");
+    let packing = pack(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+    assert_eq!(packing.counts.truncated_tokens, 15);
+
+    let opts = options(10, None, 1, "split", "bfd");
+    let packing = pack(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+    assert_eq!(
+        (packing.counts.split_seqs, packing.counts.split_pieces),
+        (1, 3)
+    );
+    assert_eq!(packing.lengths.iter().sum::<i64>(), 39);
+
+    let opts = options(10, None, 1, "drop", "bfd");
+    let packing = pack(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+    assert_eq!(
+        (packing.counts.dropped_seqs, packing.counts.dropped_tokens),
+        (1, 25)
+    );
+}
+
+#[test]
+fn pad_to_multiple_lowers_the_capacity() {
+    // max_tokens 10 with k=4: the longest segment that fits is 8 tokens.
+    let err = pack(&[9i64], &options(10, None, 4, "error", "bfd")).unwrap_err();
+    assert!(err.to_string().contains("at most 8"));
+    let opts = options(10, None, 4, "split", "bfd");
+    let packing = pack(&[9i64, 1], &opts).unwrap();
+    check_invariants(&[9, 1], &packing, &opts);
+    assert!(packing.bin_tokens.iter().all(|&t| t <= 10 && t % 4 == 0));
+}
+
+#[test]
+fn bad_lengths_are_named() {
+    let err = pack(&[3i64, -1], &options(10, None, 1, "error", "bfd")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "lengths[1] = -1 is negative; sequence lengths must be >= 0"
+    );
+    let err = pack(&[i64::MAX, 5], &options(10, None, 1, "truncate", "bfd")).unwrap_err();
+    assert!(matches!(err, Error::Overflow(_)), "{err}");
+    let err = pack(&[1i64 << 60], &options(1, None, 1, "split", "bfd")).unwrap_err();
+    assert!(matches!(err, Error::Overflow(_)), "{err}");
+}
+
+#[test]
+fn empty_and_zero_length_inputs() {
+    let opts = options(10, Some(2), 1, "error", "bfd");
+    let packing = pack::<i64>(&[], &opts).unwrap();
+    assert_eq!(packing.bin_offsets, vec![0]);
+    let input = [0i64, 0, 0, 10];
+    let packing = pack(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+    assert_eq!(packing.n_bins(), 2);
+}
+
+#[test]
+fn padded_batches_cost_count_times_longest() {
+    let input = [5i64, 3, 2, 2, 9, 1];
+    let opts = options(10, None, 1, "error", "bfd");
+    let packing = batch_padded(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+    assert_eq!(packing.indices, vec![4, 0, 1, 2, 3, 5]);
+    assert_eq!(packing.bin_offsets, vec![0, 1, 3, 6]);
+    assert_eq!(packing.bin_tokens, vec![9, 10, 6]);
+}
+
+#[test]
+fn large_budgets_use_the_ordered_index() {
+    let input: Vec<i64> = (0..2000).map(|i| (i * 7919 % 50_000_000) + 1).collect();
+    let opts = options(100_000_000, None, 1, "error", "bfd");
+    let packing = pack(&input, &opts).unwrap();
+    check_invariants(&input, &packing, &opts);
+}
+
+fn lengths_strategy() -> impl Strategy<Value = Vec<i64>> {
+    prop::collection::vec(prop_oneof![0i64..40, 0i64..200], 0..300)
+}
+
+proptest! {
+    #[test]
+    fn every_algorithm_places_everything_once(
+        input in lengths_strategy(),
+        max_tokens in 1i64..120,
+        max_seqs in prop::option::of(1i64..6),
+        k in 1i64..5,
+        oversize in prop::sample::select(vec!["truncate", "split", "drop"]),
+        algorithm in prop::sample::select(vec!["bfd", "ffd", "next_fit", "first_fit_shuffled"]),
+    ) {
+        prop_assume!(k <= max_tokens);
+        let opts = options(max_tokens, max_seqs, k, oversize, algorithm);
+        let packing = pack(&input, &opts).unwrap();
+        check_invariants(&input, &packing, &opts);
+        prop_assert_eq!(&packing, &pack(&input, &opts).unwrap());
+        let padded = batch_padded(&input, &opts).unwrap();
+        check_invariants(&input, &padded, &opts);
+    }
+
+    #[test]
+    fn any_fit_leaves_no_two_mergeable_bins(
+        input in prop::collection::vec(0i64..=100, 1..400),
+        algorithm in prop::sample::select(vec!["bfd", "ffd", "first_fit_shuffled"]),
+    ) {
+        // A later bin was opened only because its first segment fitted no earlier bin, and
+        // bins only grow: so any two bins together exceed the budget.
+        let opts = options(100, None, 1, "error", algorithm);
+        let packing = pack(&input, &opts).unwrap();
+        let mut tokens = packing.bin_tokens.clone();
+        tokens.sort_unstable();
+        if tokens.len() >= 2 {
+            prop_assert!(tokens[0] + tokens[1] > 100, "{:?}", &tokens[..2]);
+        }
+        prop_assert!(lower_bound_ratio(&packing, &opts) < 2.0 || packing.n_bins() <= 2);
+    }
+}

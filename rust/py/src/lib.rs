@@ -1,0 +1,18 @@
+//! The Python extension module `tokenbatch._core`.
+//!
+//! Every function here is a thin shell around `tokenbatch-core`: borrow the numpy input
+//! as a slice, release the GIL while the core works, map its error to the matching
+//! `tokenbatch` exception, hand the result back to numpy without copying.
+
+mod arrays;
+mod error;
+mod packing;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    packing::register(m)?;
+    Ok(())
+}
