@@ -1,0 +1,7 @@
+"""``python -m tokenbatch.cli``."""
+
+import sys
+
+from tokenbatch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,117 @@
+"""``tokenbatch pack``: pack lengths from a file or a built-in distribution."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenbatch.cli.table import format_table
+from tokenbatch.datasets import EXAMPLE_DISTRIBUTIONS, example_lengths
+from tokenbatch.errors import InvalidValueError
+from tokenbatch.packing import Packing, batch_padded, pack
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "pack",
+        help="pack sequence lengths into token budgets and print statistics",
+        description=(
+            "Pack variable-length sequences into bins of at most --max-tokens tokens and "
+            "print a statistics table. Lengths come from a .npy or .txt file (one integer "
+            "per line) or from a built-in example distribution."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("lengths_file", nargs="?", type=Path, help=".npy or .txt file of lengths")
+    source.add_argument(
+        "--example",
+        choices=sorted(EXAMPLE_DISTRIBUTIONS),
+        help="use a built-in length distribution instead of a file",
+    )
+    parser.add_argument("--n", type=int, default=1_000_000, help="sequences for --example")
+    parser.add_argument("--seed", type=int, default=0, help="seed (example data, shuffled fit)")
+    parser.add_argument("--max-tokens", type=int, default=8192, help="token budget per bin")
+    parser.add_argument(
+        "--algorithm",
+        choices=["bfd", "ffd", "next_fit", "first_fit_shuffled"],
+        default="bfd",
+        help="packing algorithm (default: best-fit decreasing)",
+    )
+    parser.add_argument("--padded", action="store_true", help="padded batching instead of packing")
+    parser.add_argument("--max-seqs", type=int, default=None, help="at most this many per bin")
+    parser.add_argument("--pad-to-multiple-of", type=int, default=1, help="round each sequence up")
+    parser.add_argument(
+        "--oversize",
+        choices=["error", "truncate", "split", "drop"],
+        default="error",
+        help="what to do with sequences longer than --max-tokens",
+    )
+    parser.add_argument("--output", type=Path, help="write the packing arrays to this .npz file")
+    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    parser.set_defaults(handler=run)
+
+
+def read_lengths(path: Path) -> npt.NDArray[np.int64]:
+    """Lengths from a ``.npy`` file or a text file of integers (whitespace separated)."""
+    if not path.exists():
+        raise InvalidValueError(f"lengths file {str(path)!r} does not exist")
+    if path.suffix == ".npy":
+        array = np.load(path, allow_pickle=False)
+    else:
+        try:
+            array = np.loadtxt(path, dtype=np.int64, ndmin=1)
+        except ValueError as exc:
+            raise InvalidValueError(f"{path}: not a text file of integers ({exc})") from exc
+    return np.asarray(array)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.example is not None:
+        lengths = example_lengths(args.example, args.n, max_length=args.max_tokens, seed=args.seed)
+        source = f"example '{args.example}' (n={args.n:,}, seed={args.seed})"
+    else:
+        lengths = read_lengths(args.lengths_file)
+        source = str(args.lengths_file)
+    options: dict[str, Any] = {
+        "max_seqs": args.max_seqs,
+        "pad_to_multiple_of": args.pad_to_multiple_of,
+        "oversize": args.oversize,
+    }
+    if args.padded:
+        packing = batch_padded(lengths, args.max_tokens, **options)
+    else:
+        packing = pack(lengths, args.max_tokens, algorithm=args.algorithm, seed=args.seed, **options)
+    stats = packing.stats()
+    if args.json:
+        print(json.dumps({"source": source, **stats}, indent=2))
+    else:
+        method = "padded batching" if args.padded else args.algorithm
+        print(f"tokenbatch pack: {source}, {method}, max_tokens={args.max_tokens:,}")
+        print(format_table(["statistic", "value"], [[k, _fmt(v)] for k, v in stats.items()]))
+    if args.output is not None:
+        save_packing(packing, args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def save_packing(packing: Packing, path: Path) -> None:
+    """Write the CSR arrays (and the budget) to an ``.npz`` file."""
+    np.savez(
+        path,
+        bin_offsets=packing.bin_offsets,
+        indices=packing.indices,
+        starts=packing.starts,
+        lengths=packing.lengths,
+        bin_tokens=packing.bin_tokens,
+        max_tokens=np.int64(packing.max_tokens),
+    )
+
+
+def _fmt(value: int | float) -> str:
+    return f"{value:.6f}" if isinstance(value, float) else f"{value:,}"

@@ -1,0 +1,21 @@
+"""Plain-text tables for the command line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-align the first column, right-align the others, rule under the header."""
+    columns = [header, *rows]
+    widths = [max(len(str(row[i])) for row in columns) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [
+            str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths))
+        ]
+        return "  ".join(cells).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line(header), rule, *(line(row) for row in rows)])
