@@ -1,52 +1,117 @@
-//! Assigning segments to bins. Each function walks `order` once and returns, for each
-//! position in `order`, the bin it went to, plus the number of bins.
+//! Assigning segments to bins. Each function walks the segment costs in offer order once
+//! and returns, for each offer position, the bin it went to, plus the number of bins.
 
-use super::capacity_index::{BestFitIndex, FirstFitIndex};
-use super::options::PackOptions;
-use super::segments::Segments;
+use super::buffers::with_capacity_huge;
+use super::capacity_index::{BestFitIndex, FirstFitIndex, OpenBin};
+use super::options::{Algorithm, PackOptions};
 
-/// Bin of each position of `order`, and the number of bins.
+/// Bin of each offer position, and the number of bins.
 pub struct Assignment {
     pub bin_of: Vec<u32>,
     pub n_bins: usize,
 }
 
+/// Assign with the packing algorithm of `options`.
+pub fn run(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
+    match options.algorithm {
+        Algorithm::BestFitDecreasing => best_fit(costs, n, options),
+        Algorithm::FirstFitDecreasing | Algorithm::FirstFitShuffled => first_fit(costs, n, options),
+        Algorithm::NextFit => next_fit(costs, n, options),
+    }
+}
+
 /// Best fit: each segment goes to the open bin it leaves with the least room.
-pub fn best_fit(segments: &Segments, order: &[u32], options: &PackOptions) -> Assignment {
+pub fn best_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
     let capacity = options.max_tokens;
     let mut index = BestFitIndex::new(capacity);
-    let mut counts: Vec<u64> = Vec::new();
-    let mut bin_of = Vec::with_capacity(order.len());
-    for &id in order {
-        let cost = options.cost(u64::from(segments.lengths[id as usize]));
-        let (remaining, bin) = match index.take_best(cost) {
-            Some(found) => found,
-            None => {
-                counts.push(0);
-                (capacity, (counts.len() - 1) as u32)
-            }
-        };
-        let count = &mut counts[bin as usize];
-        *count += 1;
-        if *count < options.max_seqs {
-            index.insert(remaining - cost, bin);
+    let mut n_bins = 0u32;
+    let mut bin_of = with_capacity_huge(n);
+    for cost in costs {
+        let (remaining, open) = index.take_best(cost).unwrap_or_else(|| {
+            n_bins += 1;
+            let fresh = OpenBin {
+                bin: n_bins - 1,
+                count: 0,
+            };
+            (capacity, fresh)
+        });
+        let count = open.count + 1;
+        if u64::from(count) < options.max_seqs {
+            index.insert(remaining - cost, OpenBin { count, ..open });
         }
-        bin_of.push(bin);
+        bin_of.push(open.bin);
     }
     Assignment {
         bin_of,
-        n_bins: counts.len(),
+        n_bins: n_bins as usize,
+    }
+}
+
+/// Best fit over segments sorted by decreasing cost, given as `(cost, count)` runs.
+///
+/// Makes exactly the choices of [`best_fit`] (the same bins, in the same order) but
+/// handles many segments per search:
+/// - when the best bin can still take another segment of the run after this one, it is
+///   again the best bin for the next (every capacity in `[cost, remaining)` is empty), so
+///   it takes `remaining / cost` segments at once;
+/// - otherwise each bin of its capacity class takes one segment and drops below `cost`,
+///   out of the run's reach: the whole stack moves down without further searches.
+pub fn best_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> Assignment {
+    let capacity = options.max_tokens;
+    let max_seqs = options.max_seqs;
+    let mut index = BestFitIndex::new(capacity);
+    let mut n_bins = 0u32;
+    let mut bin_of: Vec<u32> = with_capacity_huge(n);
+    for &(cost, count) in runs {
+        let mut left = u64::from(count);
+        while left > 0 {
+            let (remaining, open) = index.take_best(cost).unwrap_or_else(|| {
+                n_bins += 1;
+                let fresh = OpenBin {
+                    bin: n_bins - 1,
+                    count: 0,
+                };
+                (capacity, fresh)
+            });
+            let fits = remaining.checked_div(cost).unwrap_or(u64::MAX);
+            let slots = max_seqs - u64::from(open.count);
+            if fits >= 2 || slots == 1 || left == 1 {
+                let take = left.min(fits).min(slots);
+                bin_of.extend(std::iter::repeat_n(open.bin, take as usize));
+                left -= take;
+                let count = open.count + take as u32;
+                if u64::from(count) < max_seqs {
+                    index.insert(remaining - take * cost, OpenBin { count, ..open });
+                }
+                continue;
+            }
+            // One segment per bin, for this bin and the rest of its capacity class.
+            let to = remaining - cost;
+            let mut place = |open: OpenBin| {
+                bin_of.push(open.bin);
+                let count = open.count + 1;
+                (u64::from(count) < max_seqs).then_some(OpenBin { count, ..open })
+            };
+            if let Some(kept) = place(open) {
+                index.insert(to, kept);
+            }
+            left -= 1;
+            left -= index.transfer(remaining, to, left, place);
+        }
+    }
+    Assignment {
+        bin_of,
+        n_bins: n_bins as usize,
     }
 }
 
 /// First fit: each segment goes to the lowest-numbered open bin with room for it.
-pub fn first_fit(segments: &Segments, order: &[u32], options: &PackOptions) -> Assignment {
+pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
     let capacity = options.max_tokens;
     let mut index = FirstFitIndex::new();
     let mut counts: Vec<u64> = Vec::new();
-    let mut bin_of = Vec::with_capacity(order.len());
-    for &id in order {
-        let cost = options.cost(u64::from(segments.lengths[id as usize]));
+    let mut bin_of = with_capacity_huge(n);
+    for cost in costs {
         let (bin, remaining) = match index.first_fit(cost) {
             Some(found) => found,
             None => {
@@ -66,14 +131,49 @@ pub fn first_fit(segments: &Segments, order: &[u32], options: &PackOptions) -> A
     }
 }
 
+/// First fit over segments sorted by decreasing cost, given as `(cost, count)` runs.
+///
+/// Makes exactly the choices of [`first_fit`]: a bin that still has room for another
+/// segment of the run stays the lowest-numbered bin with room (every earlier bin had
+/// less than `cost` left), so it takes as many as fit in one step.
+pub fn first_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> Assignment {
+    let capacity = options.max_tokens;
+    let mut index = FirstFitIndex::new();
+    let mut counts: Vec<u64> = Vec::new();
+    let mut bin_of = with_capacity_huge(n);
+    for &(cost, count) in runs {
+        let mut left = u64::from(count);
+        while left > 0 {
+            let (bin, remaining) = match index.first_fit(cost) {
+                Some(found) => found,
+                None => {
+                    counts.push(0);
+                    (index.open(capacity), capacity)
+                }
+            };
+            let count = &mut counts[bin as usize];
+            let fits = remaining.checked_div(cost).unwrap_or(u64::MAX);
+            let take = left.min(fits).min(options.max_seqs - *count);
+            bin_of.extend(std::iter::repeat_n(bin, take as usize));
+            left -= take;
+            *count += take;
+            let still_open = *count < options.max_seqs;
+            index.update(bin, still_open.then_some(remaining - take * cost));
+        }
+    }
+    Assignment {
+        bin_of,
+        n_bins: counts.len(),
+    }
+}
+
 /// Next fit: one open bin, closed as soon as a segment does not fit.
-pub fn next_fit(segments: &Segments, order: &[u32], options: &PackOptions) -> Assignment {
-    let mut bin_of = Vec::with_capacity(order.len());
+pub fn next_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
+    let mut bin_of = with_capacity_huge(n);
     let mut n_bins = 0usize;
     let mut remaining = 0u64;
     let mut count = u64::MAX;
-    for &id in order {
-        let cost = options.cost(u64::from(segments.lengths[id as usize]));
+    for cost in costs {
         if n_bins == 0 || cost > remaining || count >= options.max_seqs {
             n_bins += 1;
             remaining = options.max_tokens;
@@ -86,16 +186,19 @@ pub fn next_fit(segments: &Segments, order: &[u32], options: &PackOptions) -> As
     Assignment { bin_of, n_bins }
 }
 
-/// Padded batching (fairseq's `batch_by_size`): consecutive segments of `order` (sorted by
+/// Padded batching (fairseq's `batch_by_size`): consecutive segments (sorted by
 /// decreasing cost) share a batch while `count x longest` stays within the budget.
 /// Returns the assignment and each batch's padded cost.
-pub fn padded(segments: &Segments, order: &[u32], options: &PackOptions) -> (Assignment, Vec<u64>) {
-    let mut bin_of = Vec::with_capacity(order.len());
+pub fn padded(
+    costs: impl Iterator<Item = u64>,
+    n: usize,
+    options: &PackOptions,
+) -> (Assignment, Vec<u64>) {
+    let mut bin_of = with_capacity_huge(n);
     let mut batch_cost: Vec<u64> = Vec::new();
     let mut longest = 0u64;
     let mut count = 0u64;
-    for &id in order {
-        let cost = options.cost(u64::from(segments.lengths[id as usize]));
+    for cost in costs {
         let grown_longest = longest.max(cost);
         let fits = !batch_cost.is_empty()
             && count < options.max_seqs

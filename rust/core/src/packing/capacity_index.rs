@@ -14,8 +14,6 @@ use std::collections::BTreeMap;
 /// Budgets above this use the ordered-map index (the bit tree would need capacity / 8 bytes).
 const BUCKET_INDEX_MAX_CAPACITY: u64 = 1 << 24;
 
-const NO_BIN: u32 = u32::MAX;
-
 /// A set of integers in `0..n` with "smallest member >= i" in O(log64 n).
 #[derive(Debug, Clone)]
 pub struct BitTree {
@@ -88,20 +86,29 @@ impl BitTree {
     }
 }
 
+/// An open bin as the best-fit index stores it: its number and how many segments it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenBin {
+    pub bin: u32,
+    pub count: u32,
+}
+
 /// Open bins keyed by remaining capacity, for best fit.
 ///
 /// Among bins with equal remaining capacity the one inserted last is taken first (a
 /// stack); `tokenbatch.reference` follows the same rule so results can be compared exactly.
+/// Each capacity has its own small stack rather than a linked list through per-bin
+/// arrays: the tops of the stacks in use stay in cache, where per-bin links would cost a
+/// cache miss per segment once there are millions of bins.
 #[derive(Debug, Clone)]
 pub enum BestFitIndex {
-    /// Bit tree over remaining capacities plus an intrusive stack of bins per capacity.
+    /// Bit tree over remaining capacities plus a stack of bins per capacity.
     Buckets {
         non_empty: BitTree,
-        head: Vec<u32>,
-        below: Vec<u32>,
+        stacks: Vec<Vec<OpenBin>>,
     },
     /// Ordered map for budgets too large for the bit tree.
-    Ordered(BTreeMap<u64, Vec<u32>>),
+    Ordered(BTreeMap<u64, Vec<OpenBin>>),
 }
 
 impl BestFitIndex {
@@ -111,63 +118,103 @@ impl BestFitIndex {
             let n = capacity as usize + 1;
             Self::Buckets {
                 non_empty: BitTree::new(n),
-                head: vec![NO_BIN; n],
-                below: Vec::new(),
+                stacks: vec![Vec::new(); n],
             }
         } else {
             Self::Ordered(BTreeMap::new())
         }
     }
 
-    /// Add open bin `bin` with `remaining` free capacity.
-    pub fn insert(&mut self, remaining: u64, bin: u32) {
+    /// Add an open bin with `remaining` free capacity.
+    #[inline]
+    pub fn insert(&mut self, remaining: u64, open: OpenBin) {
         match self {
-            Self::Buckets {
-                non_empty,
-                head,
-                below,
-            } => {
-                let r = remaining as usize;
-                let b = bin as usize;
-                if below.len() <= b {
-                    below.resize(b + 1, NO_BIN);
+            Self::Buckets { non_empty, stacks } => {
+                let stack = &mut stacks[remaining as usize];
+                if stack.is_empty() {
+                    non_empty.insert(remaining as usize);
                 }
-                below[b] = head[r];
-                if head[r] == NO_BIN {
-                    non_empty.insert(r);
-                }
-                head[r] = bin;
+                stack.push(open);
             }
-            Self::Ordered(map) => map.entry(remaining).or_default().push(bin),
+            Self::Ordered(map) => map.entry(remaining).or_default().push(open),
         }
     }
 
-    /// Remove and return the bin with the least remaining capacity that is at least `need`.
-    pub fn take_best(&mut self, need: u64) -> Option<(u64, u32)> {
+    /// Move up to `limit` bins from the top of the `from` stack, one at a time, handing
+    /// each to `moved`, which returns the bin to push on the `to` stack (or `None` if the
+    /// bin closed). Equivalent to `limit` rounds of `take_best` + `insert` when no bin
+    /// can exist with remaining capacity in `[need, from)` and `to < need`, but without
+    /// searching. Returns how many bins were moved.
+    pub fn transfer(
+        &mut self,
+        from: u64,
+        to: u64,
+        limit: u64,
+        mut moved: impl FnMut(OpenBin) -> Option<OpenBin>,
+    ) -> u64 {
+        let mut done = 0;
         match self {
-            Self::Buckets {
-                non_empty,
-                head,
-                below,
-            } => {
-                if need as usize >= head.len() {
+            Self::Buckets { non_empty, stacks } => {
+                let (from, to) = (from as usize, to as usize);
+                while done < limit {
+                    let Some(open) = stacks[from].pop() else {
+                        break;
+                    };
+                    done += 1;
+                    if let Some(kept) = moved(open) {
+                        if stacks[to].is_empty() {
+                            non_empty.insert(to);
+                        }
+                        stacks[to].push(kept);
+                    }
+                }
+                if stacks[from].is_empty() {
+                    non_empty.remove(from);
+                }
+            }
+            Self::Ordered(map) => {
+                let mut arrived = Vec::new();
+                if let Some(stack) = map.get_mut(&from) {
+                    while done < limit {
+                        let Some(open) = stack.pop() else { break };
+                        done += 1;
+                        arrived.extend(moved(open));
+                    }
+                    if stack.is_empty() {
+                        map.remove(&from);
+                    }
+                }
+                if !arrived.is_empty() {
+                    map.entry(to).or_default().extend(arrived);
+                }
+            }
+        }
+        done
+    }
+
+    /// Remove and return the bin with the least remaining capacity that is at least `need`.
+    #[inline]
+    pub fn take_best(&mut self, need: u64) -> Option<(u64, OpenBin)> {
+        match self {
+            Self::Buckets { non_empty, stacks } => {
+                if need as usize >= stacks.len() {
                     return None;
                 }
                 let r = non_empty.next_at_or_after(need as usize)?;
-                let bin = head[r];
-                head[r] = below[bin as usize];
-                if head[r] == NO_BIN {
+                let stack = &mut stacks[r];
+                let open = stack.pop()?;
+                if stack.is_empty() {
                     non_empty.remove(r);
                 }
-                Some((r as u64, bin))
+                Some((r as u64, open))
             }
             Self::Ordered(map) => {
                 let (&remaining, bins) = map.range_mut(need..).next()?;
-                let bin = bins.pop()?;
+                let open = bins.pop()?;
                 if bins.is_empty() {
                     map.remove(&remaining);
                 }
-                Some((remaining, bin))
+                Some((remaining, open))
             }
         }
     }
@@ -277,9 +324,9 @@ mod tests {
         let mut small = BestFitIndex::new(1000);
         let mut large = BestFitIndex::Ordered(BTreeMap::new());
         let ops: Vec<(u64, u32)> = (0..200).map(|i| ((i * 37 % 1001) as u64, i)).collect();
-        for &(r, b) in &ops {
-            small.insert(r, b);
-            large.insert(r, b);
+        for &(r, bin) in &ops {
+            small.insert(r, OpenBin { bin, count: 1 });
+            large.insert(r, OpenBin { bin, count: 1 });
         }
         for need in (0..1001).step_by(7) {
             assert_eq!(small.take_best(need), large.take_best(need));

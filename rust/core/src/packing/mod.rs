@@ -9,7 +9,9 @@
 //! bin's `max_seqs` slots, so every input index still appears exactly once.
 
 mod assign;
+mod buffers;
 mod capacity_index;
+mod layout;
 mod options;
 mod order;
 mod segments;
@@ -18,8 +20,7 @@ pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
 pub use segments::{Length, PolicyCounts};
 
 use crate::error::Result;
-use assign::Assignment;
-use segments::Segments;
+use order::OfferOrder;
 
 /// A packing in CSR form. All arrays are `i64` so they map one-to-one onto numpy int64.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,24 +60,19 @@ impl Packing {
 /// Pack `lengths` into bins of at most `options.max_tokens` cost.
 pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
-    let assignment_order = match options.algorithm {
+    let order = match options.algorithm {
         Algorithm::BestFitDecreasing | Algorithm::FirstFitDecreasing => {
-            order::decreasing_cost(&segments, options)
+            OfferOrder::decreasing_cost(&segments, options)
         }
-        Algorithm::NextFit => order::input_order(&segments),
-        Algorithm::FirstFitShuffled => order::shuffled(&segments, options.seed),
+        Algorithm::NextFit => OfferOrder::Input,
+        Algorithm::FirstFitShuffled => OfferOrder::shuffled(&segments, options.seed),
     };
-    let assignment = match options.algorithm {
-        Algorithm::BestFitDecreasing => assign::best_fit(&segments, &assignment_order, options),
-        Algorithm::FirstFitDecreasing | Algorithm::FirstFitShuffled => {
-            assign::first_fit(&segments, &assignment_order, options)
-        }
-        Algorithm::NextFit => assign::next_fit(&segments, &assignment_order, options),
-    };
-    Ok(layout(
+    let assignment = order.assign(&segments, options);
+    let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
+    Ok(layout::build(
         segments,
-        &assignment_order,
-        &assignment,
+        &bin_of_segment,
+        assignment.n_bins,
         options,
         None,
     ))
@@ -86,67 +82,16 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
 /// Segments are sorted by decreasing length so that batch-mates have similar lengths.
 pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
-    let assignment_order = order::decreasing_cost(&segments, options);
-    let (assignment, batch_cost) = assign::padded(&segments, &assignment_order, options);
-    Ok(layout(
+    let order = OfferOrder::decreasing_cost(&segments, options);
+    let (assignment, batch_cost) = order.assign_padded(&segments, options);
+    let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
+    Ok(layout::build(
         segments,
-        &assignment_order,
-        &assignment,
+        &bin_of_segment,
+        assignment.n_bins,
         options,
         Some(batch_cost),
     ))
-}
-
-/// Build the CSR arrays: bins in creation order, segments in assignment order inside a bin.
-fn layout(
-    segments: Segments,
-    order: &[u32],
-    assignment: &Assignment,
-    options: &PackOptions,
-    padded_cost: Option<Vec<u64>>,
-) -> Packing {
-    let n_bins = assignment.n_bins;
-    let mut bin_offsets = vec![0i64; n_bins + 1];
-    for &bin in &assignment.bin_of {
-        bin_offsets[bin as usize + 1] += 1;
-    }
-    for i in 0..n_bins {
-        bin_offsets[i + 1] += bin_offsets[i];
-    }
-    let n = order.len();
-    let mut cursor: Vec<i64> = bin_offsets[..n_bins].to_vec();
-    let mut indices = vec![0i64; n];
-    let mut lengths = vec![0i64; n];
-    let mut starts = vec![0i64; n];
-    let mut bin_tokens = vec![0i64; n_bins];
-    let mut segment_cost = 0u64;
-    for (&id, &bin) in order.iter().zip(&assignment.bin_of) {
-        let id = id as usize;
-        let slot = &mut cursor[bin as usize];
-        let position = *slot as usize;
-        *slot += 1;
-        let length = u64::from(segments.lengths[id]);
-        indices[position] = i64::from(segments.sequence_of(id));
-        lengths[position] = length as i64;
-        starts[position] = segments.start_of(id) as i64;
-        let cost = options.cost(length);
-        segment_cost += cost;
-        bin_tokens[bin as usize] += cost as i64;
-    }
-    if let Some(padded_cost) = padded_cost {
-        for (tokens, cost) in bin_tokens.iter_mut().zip(padded_cost) {
-            *tokens = cost as i64;
-        }
-    }
-    Packing {
-        bin_offsets,
-        indices,
-        starts,
-        lengths,
-        bin_tokens,
-        counts: segments.counts,
-        segment_cost,
-    }
 }
 
 #[cfg(test)]

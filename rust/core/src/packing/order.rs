@@ -1,6 +1,14 @@
 //! The order in which segments are offered to the bins.
+//!
+//! Performance note: with millions of segments, every random memory access per segment
+//! costs more than the bin search itself. So a decreasing-cost order is never
+//! materialized as a permutation: the assignment walks the cost histogram as runs, and the
+//! layout recovers each segment's offer position from the histogram's running offsets in
+//! one sequential pass over the segments.
 
-use super::options::PackOptions;
+use super::assign::{self, Assignment};
+use super::buffers::{with_capacity_huge, zeroed_vec};
+use super::options::{Algorithm, PackOptions};
 use super::segments::Segments;
 use crate::rng::{mix_seed, SplitMix64};
 
@@ -8,48 +16,179 @@ use crate::rng::{mix_seed, SplitMix64};
 /// counters); larger ones fall back to a comparison sort.
 const COUNTING_SORT_MAX_KEYS: u64 = 1 << 22;
 
-/// Segment ids by decreasing cost, ties by increasing id (a stable, unique order).
-pub fn decreasing_cost(segments: &Segments, options: &PackOptions) -> Vec<u32> {
-    let n = segments.len();
-    let capacity = options.capacity();
-    if capacity <= COUNTING_SORT_MAX_KEYS.max(n as u64) {
-        // Bucket by cost / k: costs are multiples of k, so this keeps the histogram small.
-        let k = options.pad_to_multiple_of;
-        let n_keys = (capacity / k) as usize + 1;
-        let key = |length: u32| (options.cost(u64::from(length)) / k) as usize;
-        let mut next_slot = vec![0u32; n_keys];
-        for &length in &segments.lengths {
-            next_slot[key(length)] += 1;
+/// How segments are offered to the bins.
+pub enum OfferOrder {
+    /// Decreasing cost, ties by increasing id. Segments with sort key `key` (cost / k)
+    /// occupy offer positions `first_position[key]..`; `runs` lists `(cost, count)` in
+    /// offer order.
+    ByCost {
+        first_position: Vec<u32>,
+        runs: Vec<(u64, u32)>,
+    },
+    /// `ids[p]` is offered at position `p`.
+    Permutation(Vec<u32>),
+    /// Segment `p` is offered at position `p`.
+    Input,
+}
+
+type Runs<'a> = std::iter::FlatMap<
+    std::slice::Iter<'a, (u64, u32)>,
+    std::iter::RepeatN<u64>,
+    fn(&(u64, u32)) -> std::iter::RepeatN<u64>,
+>;
+
+/// Segment costs in offer order: expanded from runs, or computed from lengths.
+pub enum CostIter<'a> {
+    Runs(Runs<'a>),
+    Lengths(std::slice::Iter<'a, u32>, &'a PackOptions),
+}
+
+impl Iterator for CostIter<'_> {
+    type Item = u64;
+
+    #[inline]
+    fn next(&mut self) -> Option<u64> {
+        match self {
+            Self::Runs(runs) => runs.next(),
+            Self::Lengths(lengths, options) => lengths
+                .next()
+                .map(|&length| options.cost(u64::from(length))),
         }
-        // Largest key first: exclusive prefix sums from the top.
-        let mut offset = 0u32;
-        for slot in next_slot.iter_mut().rev() {
-            let count = *slot;
-            *slot = offset;
-            offset += count;
-        }
-        let mut order = vec![0u32; n];
-        for (id, &length) in segments.lengths.iter().enumerate() {
-            let slot = &mut next_slot[key(length)];
-            order[*slot as usize] = id as u32;
-            *slot += 1;
-        }
-        order
-    } else {
-        let mut order: Vec<u32> = (0..n as u32).collect();
-        order.sort_by_key(|&id| std::cmp::Reverse(segments.lengths[id as usize]));
-        order
     }
 }
 
-/// Segment ids in input order.
-pub fn input_order(segments: &Segments) -> Vec<u32> {
-    (0..segments.len() as u32).collect()
+/// Sort key of a segment: its cost divided by the multiple (the division is skipped for
+/// k = 1, where it would otherwise dominate the pass).
+#[inline]
+fn sort_key(length: u32, k: u64) -> usize {
+    if k == 1 {
+        length as usize
+    } else {
+        u64::from(length).div_ceil(k) as usize
+    }
 }
 
-/// Segment ids in a random order that depends only on `seed`.
-pub fn shuffled(segments: &Segments, seed: u64) -> Vec<u32> {
-    let mut order = input_order(segments);
-    SplitMix64::new(mix_seed(&[seed])).shuffle(&mut order);
-    order
+impl OfferOrder {
+    /// Decreasing cost, ties by increasing id (a stable, unique order).
+    pub fn decreasing_cost(segments: &Segments, options: &PackOptions) -> Self {
+        let capacity = options.capacity();
+        let k = options.pad_to_multiple_of;
+        if capacity > COUNTING_SORT_MAX_KEYS.max(segments.len() as u64) {
+            let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
+            ids.sort_by_key(|&id| std::cmp::Reverse(segments.lengths[id as usize]));
+            return Self::Permutation(ids);
+        }
+        let mut counts = vec![0u32; (capacity / k) as usize + 1];
+        for &length in &segments.lengths {
+            counts[sort_key(length, k)] += 1;
+        }
+        let mut first_position = vec![0u32; counts.len()];
+        let mut runs = Vec::new();
+        let mut offset = 0u32;
+        for key in (0..counts.len()).rev() {
+            first_position[key] = offset;
+            if counts[key] > 0 {
+                runs.push((key as u64 * k, counts[key]));
+                offset += counts[key];
+            }
+        }
+        Self::ByCost {
+            first_position,
+            runs,
+        }
+    }
+
+    /// A random order that depends only on `seed`.
+    pub fn shuffled(segments: &Segments, seed: u64) -> Self {
+        let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
+        SplitMix64::new(mix_seed(&[seed])).shuffle(&mut ids);
+        Self::Permutation(ids)
+    }
+
+    /// Run `assign` over the segment costs in offer order, monomorphized per order kind.
+    /// The by-cost order expands its runs lazily; a permutation gathers the costs first
+    /// in a tight loop, where independent loads overlap (inside the assignment loop each
+    /// would be a stall).
+    fn with_costs<R>(
+        &self,
+        segments: &Segments,
+        options: &PackOptions,
+        assign: impl FnOnce(CostIter<'_>) -> R,
+    ) -> R {
+        match self {
+            Self::ByCost { runs, .. } => {
+                assign(CostIter::Runs(runs.iter().flat_map(|&(cost, count)| {
+                    std::iter::repeat_n(cost, count as usize)
+                })))
+            }
+            Self::Input => assign(CostIter::Lengths(segments.lengths.iter(), options)),
+            Self::Permutation(ids) => {
+                let mut lengths = with_capacity_huge(ids.len());
+                lengths.extend(ids.iter().map(|&id| segments.lengths[id as usize]));
+                assign(CostIter::Lengths(lengths.iter(), options))
+            }
+        }
+    }
+
+    /// Bin of every segment under the packing algorithm of `options`.
+    pub fn assign(&self, segments: &Segments, options: &PackOptions) -> Assignment {
+        if let Self::ByCost { runs, .. } = self {
+            match options.algorithm {
+                Algorithm::BestFitDecreasing => {
+                    return assign::best_fit_runs(runs, segments.len(), options)
+                }
+                Algorithm::FirstFitDecreasing => {
+                    return assign::first_fit_runs(runs, segments.len(), options)
+                }
+                Algorithm::NextFit | Algorithm::FirstFitShuffled => {}
+            }
+        }
+        self.with_costs(segments, options, |costs| {
+            assign::run(costs, segments.len(), options)
+        })
+    }
+
+    /// Bin of every segment under padded batching, and each batch's padded cost.
+    pub fn assign_padded(
+        &self,
+        segments: &Segments,
+        options: &PackOptions,
+    ) -> (Assignment, Vec<u64>) {
+        self.with_costs(segments, options, |costs| {
+            assign::padded(costs, segments.len(), options)
+        })
+    }
+
+    /// Re-index `bin_of` (a bin per offer position) by segment id.
+    pub fn bins_by_segment(
+        &self,
+        segments: &Segments,
+        options: &PackOptions,
+        bin_of: Vec<u32>,
+    ) -> Vec<u32> {
+        match self {
+            Self::Input => bin_of,
+            Self::Permutation(ids) => {
+                let mut by_segment = zeroed_vec!(u32, bin_of.len());
+                for (&id, &bin) in ids.iter().zip(&bin_of) {
+                    by_segment[id as usize] = bin;
+                }
+                by_segment
+            }
+            // Segments of one sort key occupy consecutive offer positions in id order, so
+            // a running position per key walks `bin_of` as a few thousand forward streams.
+            Self::ByCost { first_position, .. } => {
+                let k = options.pad_to_multiple_of;
+                let mut next_position = first_position.clone();
+                let mut by_segment = with_capacity_huge(segments.len());
+                by_segment.extend(segments.lengths.iter().map(|&length| {
+                    let position = &mut next_position[sort_key(length, k)];
+                    let bin = bin_of[*position as usize];
+                    *position += 1;
+                    bin
+                }));
+                by_segment
+            }
+        }
+    }
 }

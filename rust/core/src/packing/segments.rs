@@ -5,6 +5,7 @@
 //! exactly one segment starting at token 0, the sequence index *is* the segment id and
 //! no index or start arrays are allocated.
 
+use super::buffers::with_capacity_huge;
 use super::options::{Oversize, PackOptions};
 use crate::error::{Error, Result};
 
@@ -74,15 +75,6 @@ impl Segments {
             None => id as u32,
         }
     }
-
-    /// Token offset of segment `id` inside its sequence.
-    #[inline]
-    pub fn start_of(&self, id: usize) -> u64 {
-        match &self.starts {
-            Some(starts) => starts[id],
-            None => 0,
-        }
-    }
 }
 
 /// Validate `lengths` and apply the oversize policy.
@@ -150,17 +142,15 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
 
     let whole = n_oversize == 0 || options.oversize == Oversize::Truncate;
     if whole {
-        let lengths_u32 = lengths
-            .iter()
-            .map(|&value| {
-                let length = value.to_i64() as u64;
-                if length > capacity {
-                    counts.truncated_seqs += 1;
-                    counts.truncated_tokens += length - capacity;
-                }
-                length.min(capacity) as u32
-            })
-            .collect();
+        let mut lengths_u32 = with_capacity_huge(lengths.len());
+        lengths_u32.extend(lengths.iter().map(|&value| {
+            let length = value.to_i64() as u64;
+            if length > capacity {
+                counts.truncated_seqs += 1;
+                counts.truncated_tokens += length - capacity;
+            }
+            length.min(capacity) as u32
+        }));
         return Ok(Segments {
             lengths: lengths_u32,
             sequence: None,

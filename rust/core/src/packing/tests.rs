@@ -80,8 +80,8 @@ fn best_fit_fills_bins_exactly_when_possible() {
     check_invariants(&input, &packing, &opts);
     assert_eq!(packing.n_bins(), 3);
     assert_eq!(packing.bin_tokens, vec![10, 10, 10]);
-    // Decreasing order, ties by index: 7 then 3 fills bin 0.
-    assert_eq!(packing.indices[..2], [5, 4]);
+    // Decreasing order, ties by index: 7 then 3 fill bin 0; a bin lists input order.
+    assert_eq!(packing.indices[..2], [4, 5]);
 }
 
 #[test]
@@ -234,5 +234,31 @@ proptest! {
             prop_assert!(tokens[0] + tokens[1] > 100, "{:?}", &tokens[..2]);
         }
         prop_assert!(lower_bound_ratio(&packing, &opts) < 2.0 || packing.n_bins() <= 2);
+    }
+}
+
+/// Runs of equal costs in decreasing order, as the by-cost order produces them.
+fn runs_strategy() -> impl Strategy<Value = Vec<(u64, u32)>> {
+    prop::collection::btree_map(0u64..=60, 1u32..40, 0..25)
+        .prop_map(|runs| runs.into_iter().rev().collect())
+}
+
+proptest! {
+    #[test]
+    fn run_based_fits_match_one_at_a_time_fits(
+        runs in runs_strategy(),
+        max_seqs in prop::option::of(1i64..6),
+        algorithm in prop::sample::select(vec!["bfd", "ffd"]),
+    ) {
+        let opts = options(60, max_seqs, 1, "error", algorithm);
+        let n: usize = runs.iter().map(|&(_, count)| count as usize).sum();
+        let costs = || runs.iter().flat_map(|&(cost, count)| std::iter::repeat_n(cost, count as usize));
+        let (bulk, single) = if algorithm == "bfd" {
+            (assign::best_fit_runs(&runs, n, &opts), assign::best_fit(costs(), n, &opts))
+        } else {
+            (assign::first_fit_runs(&runs, n, &opts), assign::first_fit(costs(), n, &opts))
+        };
+        prop_assert_eq!(bulk.bin_of, single.bin_of);
+        prop_assert_eq!(bulk.n_bins, single.n_bins);
     }
 }
