@@ -25,7 +25,8 @@ class Packing:
 
     A segment is a run of tokens of one input sequence: ``indices[j]`` is the sequence,
     ``starts[j]`` the token offset inside it (0 unless the sequence was split) and
-    ``lengths[j]`` the number of tokens. All arrays are read-only int64 numpy arrays
+    ``lengths[j]`` the number of tokens. Bins are numbered in the order the algorithm
+    opened them; inside a bin, segments are listed in input order. All arrays are read-only int64 numpy arrays
     owned by this object (produced by the Rust core without a copy).
 
     ``bin_tokens[i]`` is bin ``i``'s cost against the budget: its tokens, each segment

@@ -31,7 +31,7 @@ impl FromStr for Algorithm {
             "next_fit" => Ok(Self::NextFit),
             "first_fit_shuffled" => Ok(Self::FirstFitShuffled),
             other => Err(Error::invalid(format!(
-                "unknown algorithm {other:?}; expected one of 'bfd', 'ffd', 'next_fit', 'first_fit_shuffled'"
+                "unknown algorithm '{other}'; expected one of 'bfd', 'ffd', 'next_fit', 'first_fit_shuffled'"
             ))),
         }
     }
@@ -60,7 +60,7 @@ impl FromStr for Oversize {
             "split" => Ok(Self::Split),
             "drop" => Ok(Self::Drop),
             other => Err(Error::invalid(format!(
-                "unknown oversize policy {other:?}; expected one of 'error', 'truncate', 'split', 'drop'"
+                "unknown oversize policy '{other}'; expected one of 'error', 'truncate', 'split', 'drop'"
             ))),
         }
     }

@@ -1,0 +1,62 @@
+"""The `tokenbatch pack` command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenbatch.cli import main
+
+
+def test_pack_example_prints_a_stats_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pack", "--example", "lognormal", "--n", "5000", "--max-tokens", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "example 'lognormal' (n=5,000, seed=0), bfd, max_tokens=4,096" in out
+    assert "n_bins" in out and "efficiency" in out and "lower_bound" in out
+
+
+def test_pack_reads_npy_and_txt_and_writes_npz(tmp_path: Path) -> None:
+    lengths = np.array([5, 3, 9, 1, 7], dtype=np.int32)
+    np.save(tmp_path / "lengths.npy", lengths)
+    (tmp_path / "lengths.txt").write_text("5\n3\n9\n1\n7\n")
+    for name in ("lengths.npy", "lengths.txt"):
+        out = tmp_path / f"{name}.npz"
+        assert main(["pack", str(tmp_path / name), "--max-tokens", "10", "--output", str(out)]) == 0
+        saved = np.load(out)
+        assert sorted(saved["indices"].tolist()) == [0, 1, 2, 3, 4]
+        assert int(saved["max_tokens"]) == 10
+        assert (saved["bin_tokens"] <= 10).all()
+
+
+def test_pack_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pack", "--example", "chat", "--n", "1000", "--padded", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["n_seqs"] == 1000
+    assert stats["padding_tokens"] > 0
+
+
+def test_pack_bad_input_is_a_clean_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.txt").write_text("5\n-3\n")
+    assert main(["pack", str(tmp_path / "bad.txt"), "--max-tokens", "10"]) == 2
+    assert "lengths[1] = -3 is negative" in capsys.readouterr().err
+    assert main(["pack", str(tmp_path / "missing.npy")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "long.txt").write_text("50\n")
+    assert main(["pack", str(tmp_path / "long.txt"), "--max-tokens", "10"]) == 2
+    assert "oversize='truncate'" in capsys.readouterr().err
+
+
+def test_console_script_help_documents_every_option() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenbatch.cli", "pack", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for option in ("--example", "--max-tokens", "--algorithm", "--max-seqs", "--oversize"):
+        assert option in result.stdout
