@@ -20,15 +20,15 @@ type Staged = [u32; 3];
 
 /// The packing of `segments` into `n_bins` bins, segment `i` going to `bin_of_segment[i]`.
 pub fn build(
-    segments: Segments,
-    bin_of_segment: &[u32],
+    mut segments: Segments,
+    bin_of_segment: Vec<u32>,
     n_bins: usize,
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
 ) -> Packing {
     let n = segments.len();
     let mut bin_offsets = vec![0i64; n_bins + 1];
-    for &bin in bin_of_segment {
+    for &bin in &bin_of_segment {
         bin_offsets[bin as usize + 1] += 1;
     }
     for i in 0..n_bins {
@@ -54,7 +54,13 @@ pub fn build(
         }
         *position += 1;
     }
+    // Free what pass 2 does not read before it allocates the outputs: this keeps peak
+    // working memory near 12 bytes per segment beyond the outputs.
     drop(cursor);
+    drop(bin_of_segment);
+    segments.lengths = Vec::new();
+    segments.sequence = None;
+    segments.starts = None;
 
     // Pass 2: each bucket writes only inside its own 32,768-slot window.
     let mut indices = zeroed_vec!(i64, n);

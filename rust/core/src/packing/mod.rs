@@ -71,7 +71,7 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
     let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
     Ok(layout::build(
         segments,
-        &bin_of_segment,
+        bin_of_segment,
         assignment.n_bins,
         options,
         None,
@@ -87,7 +87,7 @@ pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<P
     let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
     Ok(layout::build(
         segments,
-        &bin_of_segment,
+        bin_of_segment,
         assignment.n_bins,
         options,
         Some(batch_cost),
