@@ -51,7 +51,8 @@ def test_first_fit_shuffled_depends_on_seed_only() -> None:
     a = tb.pack(lengths, 2048, algorithm="first_fit_shuffled", seed=5)
     b = tb.pack(lengths, 2048, algorithm="first_fit_shuffled", seed=5)
     c = tb.pack(lengths, 2048, algorithm="first_fit_shuffled", seed=6)
-    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.bin_offsets, b.bin_offsets)
+    assert np.array_equal(a.indices, b.indices)
+    assert np.array_equal(a.bin_offsets, b.bin_offsets)
     assert not np.array_equal(a.indices, c.indices)
 
 
@@ -120,7 +121,8 @@ def test_int32_contiguous_input_is_not_copied() -> None:
     assert as_lengths(lengths) is lengths
     strided = np.arange(200, dtype=np.int64)[::2]
     converted = as_lengths(strided)
-    assert converted.flags.c_contiguous and np.array_equal(converted, strided)
+    assert converted.flags.c_contiguous
+    assert np.array_equal(converted, strided)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint32, np.uint64, np.int64])

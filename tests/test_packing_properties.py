@@ -55,7 +55,7 @@ def check_invariants(lengths: list[int], packing: tb.Packing, arguments: dict[st
     assert np.array_equal(per_bin, packing.bin_tokens)
     assert (packing.bin_tokens <= max_tokens).all()
     pieces: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for index, start, length in zip(packing.indices, packing.starts, packing.lengths):
+    for index, start, length in zip(packing.indices, packing.starts, packing.lengths, strict=True):
         pieces[int(index)].append((int(start), int(length)))
     policy = arguments["oversize"]
     for index, length in enumerate(lengths):

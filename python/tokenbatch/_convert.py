@@ -35,8 +35,7 @@ def as_lengths(values: Any, name: str = "lengths") -> IntArray:
     else:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
             raise InvalidTypeError(
-                f"{name} must be a list or 1-D numpy array of integers, "
-                f"got {type(values).__name__}"
+                f"{name} must be a list or 1-D numpy array of integers, got {type(values).__name__}"
             )
         if len(values) == 0:
             return np.empty(0, dtype=np.int64)
@@ -47,7 +46,9 @@ def as_lengths(values: Any, name: str = "lengths") -> IntArray:
         if array.dtype == object:
             raise _object_array_error(values, name)
     if array.ndim != 1:
-        raise InvalidTypeError(f"{name} must be one-dimensional, got an array of shape {array.shape}")
+        raise InvalidTypeError(
+            f"{name} must be one-dimensional, got an array of shape {array.shape}"
+        )
     kind = array.dtype.kind
     if kind not in "iu":
         raise InvalidTypeError(
@@ -55,7 +56,7 @@ def as_lengths(values: Any, name: str = "lengths") -> IntArray:
             + (" (convert whole-valued floats with .astype(np.int64))" if kind == "f" else "")
         )
     if array.dtype in (np.int64, np.int32) and array.flags.c_contiguous:
-        return array  # type: ignore[return-value]
+        return array
     if array.dtype == np.uint64 and array.size and int(array.max()) > _INT64_MAX:
         position = int(np.argmax(array > _INT64_MAX))
         raise TokenBatchOverflowError(

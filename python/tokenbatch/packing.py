@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -26,8 +27,9 @@ class Packing:
     A segment is a run of tokens of one input sequence: ``indices[j]`` is the sequence,
     ``starts[j]`` the token offset inside it (0 unless the sequence was split) and
     ``lengths[j]`` the number of tokens. Bins are numbered in the order the algorithm
-    opened them; inside a bin, segments are listed in input order. All arrays are read-only int64 numpy arrays
-    owned by this object (produced by the Rust core without a copy).
+    opened them; inside a bin, segments are listed in input order. All arrays are
+    read-only int64 numpy arrays owned by this object (produced by the Rust core without
+    a copy).
 
     ``bin_tokens[i]`` is bin ``i``'s cost against the budget: its tokens, each segment
     rounded up to ``pad_to_multiple_of``; for :func:`batch_padded`, ``count x longest``.
@@ -95,7 +97,7 @@ class Packing:
 
     def __iter__(self) -> Iterator[_I64]:
         offsets = self.bin_offsets.tolist()
-        for lo, hi in zip(offsets[:-1], offsets[1:]):
+        for lo, hi in itertools.pairwise(offsets):
             yield self.indices[lo:hi]
 
     def segments(self, bin_index: int) -> tuple[_I64, _I64, _I64]:

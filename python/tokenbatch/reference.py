@@ -198,7 +198,7 @@ def _layout(
 ) -> ReferencePacking:
     n_bins = max(segment_bin, default=-1) + 1
     members: list[list[_Segment]] = [[] for _ in range(n_bins)]
-    for segment, bin_id in zip(segments, segment_bin):
+    for segment, bin_id in zip(segments, segment_bin, strict=True):
         members[bin_id].append(segment)  # segments are in input order
     offsets = [0]
     flat = [segment for bin_members in members for segment in bin_members]
@@ -241,9 +241,7 @@ def reference_pack(
     order = _offer_order(segments, pad_to_multiple_of, algorithm, seed)
     costs = [_cost(segments[i].length, pad_to_multiple_of) for i in order]
     limit = max_seqs if max_seqs is not None else len(segments) + 1
-    fit = {"bfd": _best_fit, "ffd": _first_fit, "next_fit": _next_fit}.get(
-        algorithm, _first_fit
-    )
+    fit = {"bfd": _best_fit, "ffd": _first_fit, "next_fit": _next_fit}.get(algorithm, _first_fit)
     bin_of = fit(costs, max_tokens, limit)
     segment_bin = [0] * len(segments)
     for position, segment_id in enumerate(order):

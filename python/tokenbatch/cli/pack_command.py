@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.padded:
         packing = batch_padded(lengths, args.max_tokens, **options)
     else:
-        packing = pack(lengths, args.max_tokens, algorithm=args.algorithm, seed=args.seed, **options)
+        packing = pack(
+            lengths, args.max_tokens, algorithm=args.algorithm, seed=args.seed, **options
+        )
     stats = packing.stats()
     if args.json:
         print(json.dumps({"source": source, **stats}, indent=2))

@@ -13,7 +13,7 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def line(row: Sequence[str]) -> str:
         cells = [
             str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths))
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         return "  ".join(cells).rstrip()
 
