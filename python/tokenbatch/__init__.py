@@ -6,7 +6,8 @@ for distributed training, memory planning and batch-size schedules, over a Rust 
 
 from __future__ import annotations
 
-from tokenbatch._core import __version__
+from tokenbatch import datasets, scaling, schedule
+from tokenbatch._core import __version__, get_num_threads, set_num_threads
 from tokenbatch.errors import (
     InvalidTypeError,
     InvalidValueError,
@@ -14,16 +15,43 @@ from tokenbatch.errors import (
     TokenBatchError,
     TokenBatchOverflowError,
 )
+from tokenbatch.memory import (
+    MemoryEstimate,
+    MemoryGrid,
+    ModelSpec,
+    PlannedLayout,
+    ProfileResult,
+    estimate_memory,
+    estimate_memory_grid,
+    max_micro_batch_tokens,
+    plan,
+    profile,
+)
 from tokenbatch.packing import Packing, batch_padded, pack
 
 __all__ = [
     "InvalidTypeError",
     "InvalidValueError",
+    "MemoryEstimate",
+    "MemoryGrid",
+    "ModelSpec",
     "OversizeError",
     "Packing",
+    "PlannedLayout",
+    "ProfileResult",
     "TokenBatchError",
     "TokenBatchOverflowError",
     "__version__",
     "batch_padded",
+    "datasets",
+    "estimate_memory",
+    "estimate_memory_grid",
+    "get_num_threads",
+    "max_micro_batch_tokens",
     "pack",
+    "plan",
+    "profile",
+    "scaling",
+    "schedule",
+    "set_num_threads",
 ]

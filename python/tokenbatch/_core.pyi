@@ -30,3 +30,64 @@ def batch_padded(
     pad_to_multiple_of: int,
     oversize: str,
 ) -> _RawPacking: ...
+
+# --- schedule ---
+
+from typing import final
+
+from typing_extensions import disjoint_base
+
+@final
+@disjoint_base
+class Schedule:
+    """A validated batch-size schedule (see ``tokenbatch.schedule``)."""
+
+    @staticmethod
+    def megatron(
+        start: int,
+        increment: int,
+        ramp_samples: int,
+        global_batch: int,
+        seq_len: int | None,
+    ) -> Schedule: ...
+    @staticmethod
+    def linear(
+        start: int,
+        end: int,
+        ramp_tokens: int,
+        *,
+        unit: str,
+        seq_len: int | None,
+        by: str,
+        multiple_of: int,
+    ) -> Schedule: ...
+    @staticmethod
+    def piecewise(
+        from_tokens: _I64,
+        batches: _I64,
+        *,
+        unit: str,
+        seq_len: int | None,
+        allow_decrease: bool,
+    ) -> Schedule: ...
+    def batch_at(self, consumed: _I64) -> _I64: ...
+    def table(
+        self, total_tokens: int, micro_batch_tokens: int, dp: int
+    ) -> tuple[_I64, _I64, _I64, _I64]: ...
+    def group_into_steps(self, micro_batch_tokens: _I64, dp: int) -> _I64: ...
+    def megatron_train_iters(self, train_samples: int) -> int | None: ...
+
+# memory
+
+def memory_param_counts(spec: dict[str, object]) -> tuple[float, float]: ...
+def memory_grid(
+    spec: dict[str, object],
+    shape: list[int],
+    inputs: list[tuple[npt.NDArray[np.float64], list[int]]],
+) -> npt.NDArray[np.float64]: ...
+def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
+
+# --- threads -------------------------------------------------------------------------
+
+def set_num_threads(threads: int | None) -> None: ...
+def get_num_threads() -> int: ...

@@ -5,7 +5,10 @@
 //! panicking, so the binding crate can map every failure to a precise Python exception.
 
 pub mod error;
+pub mod memory;
 pub mod packing;
+pub mod parallel;
 pub mod rng;
+pub mod schedule;
 
 pub use error::{Error, Result};

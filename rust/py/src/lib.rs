@@ -6,13 +6,19 @@
 
 mod arrays;
 mod error;
+mod memory;
 mod packing;
+mod parallel;
+mod schedule;
 
 use pyo3::prelude::*;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    memory::register(m)?;
     packing::register(m)?;
+    parallel::register(m)?;
+    schedule::register(m)?;
     Ok(())
 }

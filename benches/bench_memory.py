@@ -1,0 +1,60 @@
+"""Memory-estimate throughput: the Rust grid against a Python loop over estimate_memory.
+
+Run: pytest benches/bench_memory.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tokenbatch import ModelSpec, estimate_memory, estimate_memory_grid, plan
+
+SPEC = ModelSpec.preset("llama-3.1-70b")
+
+
+def _grid_params(cells: int) -> dict[str, Any]:
+    """A realistic sweep: seq_len x micro_batch x dp x tp x pp x zero x recompute."""
+    seq = np.array([1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072])
+    micro = np.arange(1, cells // (8 * 8 * 4 * 5 * 4 * 3) + 2)
+    return {
+        "seq_len": seq[:, None, None, None, None, None, None],
+        "micro_batch": micro[None, :, None, None, None, None, None],
+        "dp": np.array([1, 2, 4, 8, 16, 32, 64, 128])[None, None, :, None, None, None, None],
+        "tp": np.array([1, 2, 4, 8])[None, None, None, :, None, None, None],
+        "pp": np.array([1, 2, 4, 5, 8])[None, None, None, None, :, None, None],
+        "zero": np.arange(4)[None, None, None, None, None, :, None],
+        "recompute": np.array(["none", "selective", "full"]),
+        "sequence_parallel": True,
+    }
+
+
+def test_grid_one_million(benchmark: Any) -> None:
+    params = _grid_params(1_000_000)
+    grid = benchmark(estimate_memory_grid, SPEC, **params)
+    assert grid.size >= 1_000_000
+    assert grid.valid.any()
+
+
+def test_python_loop_thousand(benchmark: Any) -> None:
+    layouts = [
+        {"seq_len": 4096 * (1 + i % 4), "dp": 8, "tp": 8, "pp": 1 + i % 2, "zero": i % 4}
+        for i in range(1000)
+    ]
+
+    def loop() -> int:
+        return sum(estimate_memory(SPEC, **layout).total for layout in layouts)
+
+    assert benchmark(loop) > 0
+
+
+def test_plan_512_gpus(benchmark: Any) -> None:
+    layouts = benchmark(
+        plan,
+        SPEC,
+        num_gpus=512,
+        gpu_memory=80e9,
+        seq_len=8192,
+        global_batch_tokens=8192 * 1024,
+    )
+    assert layouts

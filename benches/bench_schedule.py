@@ -1,0 +1,103 @@
+"""Schedule arithmetic: per-step tables, vectorized batch_at, grouping, law fitting.
+
+Baselines are the straightforward pure-Python / numpy versions of the same computation.
+Run: ``pytest benches/bench_schedule.py --benchmark-only``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from tokenbatch.scaling import ThreeTermLaw
+from tokenbatch.schedule import LinearRamp, MegatronRampup, group_into_steps
+
+# DeepSeek-V3's ramp in tokens, micro-batch 4,096 tokens, dp=16: ~1M steps for 62.5T tokens.
+RAMP = LinearRamp(3072 * 4096, 15360 * 4096, 469_000_000_000, multiple_of=4096 * 16)
+TOTAL_1M_STEPS = 62_500_000_000_000
+
+
+def python_table(
+    schedule: LinearRamp, total_tokens: int, micro_batch_tokens: int, dp: int
+) -> dict[str, list[int]]:
+    """The table as a plain Python loop over the same ramp formula."""
+    start, end, ramp, grid = (
+        schedule.start,
+        schedule.end,
+        schedule.ramp_tokens,
+        schedule.multiple_of,
+    )
+    round_tokens = micro_batch_tokens * dp
+    consumed = 0
+    rows: dict[str, list[int]] = {"batch_tokens": [], "grad_accum_steps": [], "consumed_tokens": []}
+    while True:
+        if consumed >= ramp:
+            batch = end
+        else:
+            batch = max(start, (start + (end - start) * consumed // ramp) // grid * grid)
+        if consumed + batch > total_tokens:
+            break
+        consumed += batch
+        rows["batch_tokens"].append(batch)
+        rows["grad_accum_steps"].append(batch // round_tokens)
+        rows["consumed_tokens"].append(consumed)
+    return rows
+
+
+def test_table_1m_steps(benchmark: pytest.FixtureRequest) -> None:
+    table = benchmark(RAMP.table, TOTAL_1M_STEPS, 4096, 16)
+    assert 990_000 < len(table["batch_tokens"]) < 1_010_000
+
+
+def test_table_python_loop_1m_steps(benchmark: pytest.FixtureRequest) -> None:
+    rows = benchmark(python_table, RAMP, TOTAL_1M_STEPS, 4096, 16)
+    assert rows["batch_tokens"] == RAMP.table(TOTAL_1M_STEPS, 4096, 16)["batch_tokens"].tolist()
+
+
+CONSUMED = np.sort(np.random.default_rng(0).integers(0, 10**12, size=10_000_000))
+
+
+def numpy_batch_at(tokens: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The linear ramp in numpy (float64: exact only while the products fit 53 bits)."""
+    start, end, ramp, grid = RAMP.start, RAMP.end, RAMP.ramp_tokens, RAMP.multiple_of
+    fraction = np.minimum(tokens, ramp) / ramp
+    raw = np.floor(start + (end - start) * fraction).astype(np.int64)
+    return np.maximum(start, raw // grid * grid)
+
+
+def test_batch_at_10m_points(benchmark: pytest.FixtureRequest) -> None:
+    batches = benchmark(RAMP.batch_at, CONSUMED)
+    assert batches.shape == CONSUMED.shape
+
+
+def test_batch_at_10m_points_numpy(benchmark: pytest.FixtureRequest) -> None:
+    batches = benchmark(numpy_batch_at, CONSUMED)
+    assert batches.shape == CONSUMED.shape
+
+
+MICRO_BATCHES = np.random.default_rng(1).integers(7000, 8193, size=1_000_000)
+
+
+def test_group_into_steps_1m_micro_batches(benchmark: pytest.FixtureRequest) -> None:
+    ramp = LinearRamp(2**20, 2**23, 2 * 10**9)
+    offsets = benchmark(group_into_steps, MICRO_BATCHES, ramp, 8)
+    assert offsets[-1] == MICRO_BATCHES.size // 8
+
+
+def test_megatron_train_iters(benchmark: pytest.FixtureRequest) -> None:
+    ramp = MegatronRampup(32, 32, 200_000_000, 4096)
+    iters = benchmark(ramp.train_iters, 1_000_000_000)
+    assert iters > 0
+
+
+def test_fit_three_term_law_128_runs(benchmark: pytest.FixtureRequest) -> None:
+    law = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
+    n, m, k = (
+        a.ravel()
+        for a in np.meshgrid(
+            [5e7, 1.5e8, 5e8, 1.5e9], 2.0 ** np.arange(15, 23), [500, 2000, 8000, 32000]
+        )
+    )
+    loss = law.loss(n, m, k) * np.exp(np.random.default_rng(2).normal(0, 0.002, n.size))
+    fit = benchmark(ThreeTermLaw.fit, n, m, k, loss)
+    assert fit.batch_exponent == pytest.approx(law.batch_exponent, rel=0.05)

@@ -1,0 +1,32 @@
+"""Memory estimation and parallel-layout planning for LLM training."""
+
+from __future__ import annotations
+
+from tokenbatch.memory.estimate import (
+    DTYPE_BYTES,
+    OPTIMIZER_STATES,
+    MemoryEstimate,
+    MemoryGrid,
+    estimate_memory,
+    estimate_memory_grid,
+    max_micro_batch_tokens,
+)
+from tokenbatch.memory.planner import PlannedLayout, plan
+from tokenbatch.memory.profiling import ProfileResult, profile
+from tokenbatch.memory.spec import PRESETS, ModelSpec
+
+__all__ = [
+    "DTYPE_BYTES",
+    "OPTIMIZER_STATES",
+    "PRESETS",
+    "MemoryEstimate",
+    "MemoryGrid",
+    "ModelSpec",
+    "PlannedLayout",
+    "ProfileResult",
+    "estimate_memory",
+    "estimate_memory_grid",
+    "max_micro_batch_tokens",
+    "plan",
+    "profile",
+]

@@ -1,0 +1,491 @@
+"""Per-GPU memory estimates: one configuration, a broadcast grid, the largest token budget.
+
+All arithmetic happens in the Rust core, once: :func:`estimate_memory` is a grid of one
+cell, so a scalar estimate and the matching grid cell can never disagree. The formulas
+and their sources are listed in :doc:`docs/memory.md` and in ``explanation()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenbatch import _core
+from tokenbatch._convert import as_int
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.memory.spec import ModelSpec
+
+__all__ = [
+    "DTYPE_BYTES",
+    "OPTIMIZER_STATES",
+    "MemoryEstimate",
+    "MemoryGrid",
+    "estimate_memory",
+    "estimate_memory_grid",
+    "max_micro_batch_tokens",
+]
+
+_F64 = npt.NDArray[np.float64]
+
+LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES = (list(x) for x in _core.memory_fields())
+
+#: Bytes per element of the dtype names accepted by the ``*_dtype`` options.
+DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4,
+    "float32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "fp8": 1,
+}
+
+#: Optimizer states per parameter (each of ``optimizer_dtype``): AdamW keeps two moments,
+#: Lion, Muon and SGD with momentum one.
+OPTIMIZER_STATES: dict[str, int] = {
+    "adamw": 2,
+    "adam": 2,
+    "lion": 1,
+    "muon": 1,
+    "sgd": 1,
+    "sgd_no_momentum": 0,
+}
+
+_RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
+_ACTIVATION_MODEL = {"modern": 0, "korthikanti": 1}
+_ATTENTION = {"flash": 0, "eager": 1}
+
+_ACT_PARTS = (
+    "attention",
+    "mlp",
+    "norm",
+    "embedding",
+    "logits",
+    "checkpoints",
+    "working",
+)
+
+_DEFAULTS: dict[str, Any] = {
+    "micro_batch": 1,
+    "dp": 1,
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "ep": 1,
+    "vpp": 1,
+    "zero": 0,
+    "sequence_parallel": False,
+    "recompute": "none",
+    "grad_accum_steps": None,
+    "optimizer": "adamw",
+    "param_dtype": "bf16",
+    "grad_dtype": None,
+    "master_weights": None,
+    "optimizer_dtype": "fp32",
+    "fp32_grad_accum": False,
+    "activation_dtype": None,
+    "logits_dtype": "fp32",
+    "activation_model": "modern",
+    "attention": "flash",
+    "fused_swiglu": False,
+    "overhead_bytes": 0,
+}
+
+#: Options :func:`estimate_memory` and :func:`estimate_memory_grid` accept besides ``seq_len``.
+OPTIONS = tuple(_DEFAULTS)
+
+GIB = 1024**3
+
+
+def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _F64:
+    """Map option names (or arrays of them) to codes; unknown names become NaN (invalid)."""
+    array = np.asarray(value)
+    if array.dtype.kind in "UO":
+        flat = [table.get(str(v).lower(), math.nan) for v in array.ravel()]
+        codes = np.asarray(flat, dtype=np.float64).reshape(array.shape)
+        if strict and np.isnan(codes).any():
+            raise InvalidValueError(
+                f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
+            )
+        return codes
+    return _numeric(name, array)
+
+
+def _numeric(name: str, value: Any) -> _F64:
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise InvalidTypeError(f"{name} must be a number or an array of numbers, got {value!r}")
+    return np.ascontiguousarray(array, dtype=np.float64)
+
+
+def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _F64:
+    return _lookup(name, value, DTYPE_BYTES, strict=strict)
+
+
+def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F64]:
+    """Turn user options into the core's numeric layout fields (compact, unbroadcast)."""
+    unknown = set(options) - set(_DEFAULTS) - {"seq_len"}
+    if unknown:
+        raise InvalidTypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    if "seq_len" not in options:
+        raise InvalidTypeError("seq_len is required")
+    o = {**_DEFAULTS, **options}
+    param = _dtype_bytes("param_dtype", o["param_dtype"], strict=strict)
+    grad = (
+        param
+        if o["grad_dtype"] is None
+        else _dtype_bytes("grad_dtype", o["grad_dtype"], strict=strict)
+    )
+    act = (
+        param
+        if o["activation_dtype"] is None
+        else _dtype_bytes("activation_dtype", o["activation_dtype"], strict=strict)
+    )
+    if o["master_weights"] is None:
+        master = np.where(param < 4, 4.0, 0.0)
+        master[np.isnan(param)] = math.nan
+    else:
+        master = 4.0 * _numeric("master_weights", o["master_weights"])
+    states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
+    state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
+    accum = o["grad_accum_steps"]
+    fields: dict[str, _F64] = {
+        "seq_len": _numeric("seq_len", o["seq_len"]),
+        "micro_batch": _numeric("micro_batch", o["micro_batch"]),
+        "dp": _numeric("dp", o["dp"]),
+        "tp": _numeric("tp", o["tp"]),
+        "pp": _numeric("pp", o["pp"]),
+        "cp": _numeric("cp", o["cp"]),
+        "ep": _numeric("ep", o["ep"]),
+        "vpp": _numeric("vpp", o["vpp"]),
+        "zero": _numeric("zero", o["zero"]),
+        "sequence_parallel": _numeric("sequence_parallel", o["sequence_parallel"]),
+        "recompute": _lookup("recompute", o["recompute"], _RECOMPUTE, strict=strict),
+        "grad_accum_steps": _numeric("grad_accum_steps", 0 if accum is None else accum),
+        "param_bytes": param,
+        "grad_bytes": grad,
+        "grad_buffer_bytes": 4.0 * _numeric("fp32_grad_accum", o["fp32_grad_accum"]),
+        "master_bytes": np.ascontiguousarray(master, dtype=np.float64),
+        "optimizer_state_bytes": np.ascontiguousarray(state_bytes, dtype=np.float64),
+        "activation_bytes": act,
+        "logits_bytes": _dtype_bytes("logits_dtype", o["logits_dtype"], strict=strict),
+        "activation_model": _lookup(
+            "activation_model", o["activation_model"], _ACTIVATION_MODEL, strict=strict
+        ),
+        "attention": _lookup("attention", o["attention"], _ATTENTION, strict=strict),
+        "fused_swiglu": _numeric("fused_swiglu", o["fused_swiglu"]),
+        "overhead_bytes": _numeric("overhead_bytes", o["overhead_bytes"]),
+    }
+    return {name: fields[name] for name in LAYOUT_FIELDS}
+
+
+def _run_grid(spec: ModelSpec, fields: Mapping[str, _F64]) -> tuple[tuple[int, ...], _F64]:
+    if not isinstance(spec, ModelSpec):
+        raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in fields.values()))
+    except ValueError as exc:
+        shapes = ", ".join(f"{k}{a.shape}" for k, a in fields.items() if a.ndim)
+        raise InvalidValueError(f"grid parameters do not broadcast: {shapes}") from exc
+    inputs = []
+    for array in fields.values():
+        view = np.broadcast_to(array, shape)
+        strides = [s // array.itemsize for s in view.strides]
+        inputs.append((array.reshape(-1), strides))
+    flat = _core.memory_grid(spec.to_dict(), list(shape), inputs)
+    return tuple(shape), flat.reshape(-1, len(OUTPUT_FIELDS))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU memory of one configuration, in bytes, on the busiest pipeline stage.
+
+    ``total = params + grads + optimizer + activations + overhead``. ``activation_parts``
+    says what activations are made of: ``attention``, ``mlp`` and ``norm`` blocks of the
+    layers in flight, ``embedding`` (first stage), ``logits`` (last stage),
+    ``checkpoints`` (layer inputs kept by full recomputation) and ``working`` (one layer
+    rebuilt during backward).
+    """
+
+    spec: ModelSpec
+    options: dict[str, Any]
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    overhead: int
+    total: int
+    activation_parts: dict[str, int]
+    stage: int
+
+    @property
+    def model_states(self) -> int:
+        """Weights, gradients and optimizer state."""
+        return self.params + self.grads + self.optimizer
+
+    def fits(self, gpu_memory: float) -> bool:
+        """Whether ``total`` is at most ``gpu_memory`` bytes."""
+        return self.total <= gpu_memory
+
+    def to_dict(self) -> dict[str, Any]:
+        """The numbers as a flat dict (bytes)."""
+        result: dict[str, Any] = {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "overhead": self.overhead,
+            "total": self.total,
+            "stage": self.stage,
+        }
+        result.update({f"act_{k}": v for k, v in self.activation_parts.items()})
+        return result
+
+    def explanation(self) -> str:
+        """The breakdown as text, with the formula and source of each line."""
+        return _explain(self)
+
+    def explain(self, file: TextIO | None = None) -> None:
+        """Print :meth:`explanation` (to ``file``, default standard output)."""
+        print(self.explanation(), file=sys.stdout if file is None else file)
+
+
+def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryEstimate:
+    """Estimate the per-GPU memory of training ``spec`` with one parallel layout.
+
+    Options (defaults): ``micro_batch=1``, ``dp=1``, ``tp=1``, ``pp=1``, ``cp=1``, ``ep=1``,
+    ``vpp=1`` (virtual pipeline chunks, interleaved 1F1B when > 1), ``zero=0`` (0-3; 3 is
+    FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``, ``"full"``),
+    ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
+    ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``,
+    ``grad_dtype`` (default: ``param_dtype``), ``master_weights`` (default: fp32 master
+    weights when ``param_dtype`` is not fp32), ``optimizer_dtype="fp32"``,
+    ``fp32_grad_accum=False`` (an extra fp32 gradient buffer), ``activation_dtype``
+    (default: ``param_dtype``), ``logits_dtype="fp32"``, ``activation_model="modern"``
+    (or ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s
+    probabilities), ``fused_swiglu=False`` and ``overhead_bytes=0``.
+
+    Raises :class:`~tokenbatch.errors.InvalidValueError` naming the parameter when the
+    layout does not fit the model (``tp`` not dividing the heads, ``pp`` not dividing the
+    layers, ``zero`` > 3, negative or NaN values...).
+    """
+    for name, value in (("seq_len", seq_len), *options.items()):
+        if np.ndim(value) != 0:
+            raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
+    fields = _layout_inputs({"seq_len": seq_len, **options}, strict=True)
+    _, table = _run_grid(spec, fields)
+    row = table[0]
+    values = dict(zip(OUTPUT_FIELDS, row.tolist(), strict=True))
+    reason = int(values["reason"])
+    if reason:
+        raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+    return MemoryEstimate(
+        spec=spec,
+        options={**_DEFAULTS, "seq_len": seq_len, **options},
+        params=int(values["params"]),
+        grads=int(values["grads"]),
+        optimizer=int(values["optimizer"]),
+        activations=int(values["activations"]),
+        overhead=math.ceil(values["overhead"]),
+        total=math.ceil(values["total"]),
+        activation_parts={k: math.ceil(values[f"act_{k}"]) for k in _ACT_PARTS},
+        stage=int(values["stage"]),
+    )
+
+
+def _reason_message(code: int, options: Mapping[str, Any]) -> str:
+    message = REASON_MESSAGES[code - 1]
+    shown = {k: v for k, v in options.items() if k in message or k == "seq_len"}
+    given = ", ".join(f"{k}={v!r}" for k, v in shown.items())
+    return f"{message} (got {given})" if given else message
+
+
+class MemoryGrid:
+    """Estimates over a broadcast grid: every field is a read-only float64 array of ``shape``.
+
+    Invalid cells hold NaN; ``valid`` marks the others and :meth:`reasons` says why a cell
+    is invalid. Fields: ``params``, ``grads``, ``optimizer``, ``activations``, ``overhead``,
+    ``total``, ``act_attention``, ``act_mlp``, ``act_norm``, ``act_embedding``,
+    ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes) and ``stage``.
+    """
+
+    def __init__(self, spec: ModelSpec, shape: tuple[int, ...], table: _F64) -> None:
+        table.flags.writeable = False
+        self.spec = spec
+        self.shape = shape
+        self._table = table
+        codes = table[:, OUTPUT_FIELDS.index("reason")].reshape(shape)
+        self.reason_code: npt.NDArray[np.int16] = codes.astype(np.int16)
+        self.reason_code.flags.writeable = False
+        self.valid: npt.NDArray[np.bool_] = self.reason_code == 0
+        self.valid.flags.writeable = False
+
+    def field(self, name: str) -> _F64:
+        """One output column as an array of ``shape`` (a view, no copy)."""
+        if name not in OUTPUT_FIELDS:
+            raise InvalidValueError(f"unknown field {name!r}; fields: {', '.join(OUTPUT_FIELDS)}")
+        column: _F64 = self._table[:, OUTPUT_FIELDS.index(name)].reshape(self.shape)
+        return column
+
+    params = property(lambda self: self.field("params"), doc="Weight bytes per GPU.")
+    grads = property(lambda self: self.field("grads"), doc="Gradient bytes per GPU.")
+    optimizer = property(lambda self: self.field("optimizer"), doc="Optimizer state bytes.")
+    activations = property(lambda self: self.field("activations"), doc="Activation bytes.")
+    overhead = property(lambda self: self.field("overhead"), doc="Constant overhead bytes.")
+    total = property(lambda self: self.field("total"), doc="Total bytes per GPU.")
+    stage = property(lambda self: self.field("stage"), doc="Busiest pipeline stage.")
+
+    @property
+    def size(self) -> int:
+        """Number of cells."""
+        return int(np.prod(self.shape))
+
+    def fits(self, gpu_memory: float | npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Valid cells whose total is at most ``gpu_memory`` bytes."""
+        result: npt.NDArray[np.bool_] = self.valid & (self.total <= np.asarray(gpu_memory))
+        return result
+
+    def reasons(self) -> npt.NDArray[np.str_]:
+        """Why each cell is invalid (an empty string for valid cells)."""
+        messages = np.asarray(["", *REASON_MESSAGES])
+        result: npt.NDArray[np.str_] = messages[self.reason_code]
+        return result
+
+    def to_dict(self) -> dict[str, _F64]:
+        """Every output column by name."""
+        return {name: self.field(name) for name in OUTPUT_FIELDS if name != "reason"}
+
+    def __repr__(self) -> str:
+        valid = int(self.valid.sum())
+        return f"MemoryGrid(spec={self.spec.name!r}, shape={self.shape}, valid={valid})"
+
+
+def estimate_memory_grid(spec: ModelSpec, **params: Any) -> MemoryGrid:
+    """Estimate every combination of broadcast parameters at once (in Rust, on all cores).
+
+    Takes the options of :func:`estimate_memory`, any of which may be a numpy array (or a
+    list); the arrays broadcast like numpy arrays, e.g. ``tp=np.array([1, 2, 4, 8])[:, None]``
+    and ``seq_len=np.array([2048, 4096])`` give a ``(4, 2)`` grid. String options accept
+    arrays of strings. Cells whose layout is invalid are NaN and flagged in ``valid``; the
+    grid itself never fails because of them.
+    """
+    converted = {
+        k: (np.asarray(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()
+    }
+    fields = _layout_inputs(converted, strict=False)
+    shape, table = _run_grid(spec, fields)
+    return MemoryGrid(spec, shape, table)
+
+
+def max_micro_batch_tokens(
+    spec: ModelSpec,
+    gpu_memory: float,
+    *,
+    multiple_of: int = 1,
+    **layout: Any,
+) -> int:
+    """The largest token budget per micro-batch that fits in ``gpu_memory`` bytes.
+
+    The micro-batch is one packed row of ``tokens`` tokens (``micro_batch=1``,
+    ``seq_len=tokens``), as the sampler's ``max_tokens`` produces with padding-free
+    attention. ``layout`` takes the options of :func:`estimate_memory` except ``seq_len``
+    and ``micro_batch``. The result is a multiple of ``multiple_of`` (and of ``cp``); 0
+    when not even that many tokens fit.
+    """
+    for name in ("seq_len", "micro_batch"):
+        if name in layout:
+            raise InvalidTypeError(f"{name} is set by max_micro_batch_tokens; do not pass it")
+    step = as_int(multiple_of, "multiple_of", minimum=1)
+    cp = as_int(layout.get("cp", 1), "cp", minimum=1)
+    step = step * cp // math.gcd(step, cp)
+    if not (isinstance(gpu_memory, (int, float)) and math.isfinite(gpu_memory) and gpu_memory > 0):
+        raise InvalidValueError(
+            f"gpu_memory must be a positive number of bytes, got {gpu_memory!r}"
+        )
+
+    def fits(units: int) -> bool:
+        estimate = estimate_memory(spec, seq_len=units * step, micro_batch=1, **layout)
+        return estimate.total <= gpu_memory
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, high * 2
+        if high > 2**40:
+            return low * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low * step
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:10.3f}"
+
+
+def _explain(est: MemoryEstimate) -> str:
+    o = est.options
+    spec = est.spec
+    param_b = DTYPE_BYTES[str(o["param_dtype"]).lower()]
+    grad_b = param_b if o["grad_dtype"] is None else DTYPE_BYTES[str(o["grad_dtype"]).lower()]
+    master = param_b < 4 if o["master_weights"] is None else bool(o["master_weights"])
+    states = OPTIMIZER_STATES[str(o["optimizer"]).lower()]
+    state_b = DTYPE_BYTES[str(o["optimizer_dtype"]).lower()]
+    accum = 4 if o["fp32_grad_accum"] else 0
+    zero = int(o["zero"])
+    group = int(o["dp"]) * int(o["cp"])
+    layout = ", ".join(
+        f"{k}={o[k]}" for k in ("seq_len", "micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp")
+    )
+    lines = [
+        f"{spec.name}: {spec.num_params():,} parameters ({spec.num_active_params():,} active)",
+        f"layout: {layout}, zero={zero}, sequence_parallel={o['sequence_parallel']}, "
+        f"recompute={o['recompute']}",
+        f"per GPU, busiest pipeline stage = {est.stage} (of {o['pp']})",
+        "",
+        f"{'component':<16}{'GiB':>10}  how",
+        f"{'params':<16}{_gib(est.params)}  {param_b} B/param ({o['param_dtype']})"
+        + (f", sharded over dp*cp={group} (ZeRO-3)" if zero >= 3 else ""),
+        f"{'grads':<16}{_gib(est.grads)}  {grad_b}"
+        f"{f' + {accum} (fp32 accumulation)' if accum else ''} B/param"
+        + (f", sharded over dp*cp={group} (ZeRO-2)" if zero >= 2 else ""),
+        f"{'optimizer':<16}{_gib(est.optimizer)}  "
+        f"{4 if master else 0} (fp32 master) + {states} x {state_b} "
+        f"({o['optimizer']} states) B/param"
+        + (f", sharded over dp*cp={group} (ZeRO-1)" if zero >= 1 else ""),
+        f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model, "
+        f"{o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
+    ]
+    how = {
+        "attention": "qkv input, q/k/v, output, softmax stats (or s x s probabilities)",
+        "mlp": "MLP/MoE input and inner activations",
+        "norm": "norm inputs and fp32 statistics (residual stream)",
+        "embedding": "token ids / embedding dropout mask, per micro-batch in flight",
+        "logits": "final norm, head input, fp32 logits for the loss",
+        "checkpoints": "layer inputs kept by full recomputation",
+        "working": "one layer recomputed during backward",
+    }
+    for part, value in est.activation_parts.items():
+        if value:
+            lines.append(f"  {part:<14}{_gib(value)}  {how[part]}")
+    if est.overhead:
+        lines.append(f"{'overhead':<16}{_gib(est.overhead)}  overhead_bytes")
+    lines.append(f"{'total':<16}{_gib(est.total)}")
+    lines += [
+        "",
+        "sources: model states 2+2+12 B/param and ZeRO divisions: Rajbhandari et al. 2020;",
+        "activations: Korthikanti et al. 2022 (korthikanti) or the saved tensors of a modern",
+        "block (modern); pipeline in-flight micro-batches: Narayanan et al. 2021.",
+    ]
+    return "\n".join(lines)

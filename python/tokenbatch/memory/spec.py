@@ -1,0 +1,328 @@
+"""Model descriptions: :class:`ModelSpec`, built-in presets and Hugging Face configs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from tokenbatch import _core
+from tokenbatch._convert import as_int
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
+
+__all__ = ["PRESETS", "FfnType", "ModelSpec", "NormType"]
+
+FfnType = Literal["swiglu", "gelu"]
+NormType = Literal["rmsnorm", "layernorm"]
+
+_INT_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "ffn_size",
+    "vocab_size",
+    "learned_positions",
+    "num_experts",
+    "top_k",
+    "num_shared_experts",
+    "moe_ffn_size",
+    "first_dense_layers",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
+_POSITIVE = ("hidden_size", "num_layers", "num_heads", "vocab_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer, enough to count its parameters and activations.
+
+    Dense models need the first eight fields; ``num_kv_heads`` defaults to ``num_heads``
+    (multi-head attention) and ``head_dim`` to ``hidden_size // num_heads``. A mixture of
+    experts sets ``num_experts`` (routed experts per MoE layer), ``top_k``,
+    ``num_shared_experts``, ``moe_ffn_size`` (inner size of one expert) and
+    ``first_dense_layers`` (leading layers with a dense MLP of ``ffn_size``). Multi-head
+    latent attention (DeepSeek-V2/V3) sets ``kv_lora_rank`` > 0 and the head dimensions.
+
+    Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
+    ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`
+    naming the field.
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    ffn_size: int
+    vocab_size: int
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    ffn_type: FfnType = "swiglu"
+    tied_embeddings: bool = False
+    norm: NormType = "rmsnorm"
+    qkv_bias: bool = False
+    linear_bias: bool = False
+    learned_positions: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    num_shared_experts: int = 0
+    moe_ffn_size: int = 0
+    first_dense_layers: int = 0
+    router_bias: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field in _INT_FIELDS:
+            value = getattr(self, field)
+            minimum = 1 if field in _POSITIVE else 0
+            object.__setattr__(self, field, as_int(value, field, minimum=minimum))
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        else:
+            object.__setattr__(
+                self, "num_kv_heads", as_int(self.num_kv_heads, "num_kv_heads", minimum=1)
+            )
+        if self.head_dim is not None:
+            object.__setattr__(self, "head_dim", as_int(self.head_dim, "head_dim", minimum=1))
+        elif self.hidden_size % self.num_heads != 0:
+            raise InvalidValueError(
+                f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size} "
+                "(or give head_dim explicitly)"
+            )
+        for field in ("tied_embeddings", "qkv_bias", "linear_bias", "router_bias"):
+            if not isinstance(getattr(self, field), bool):
+                raise InvalidTypeError(f"{field} must be a bool, got {getattr(self, field)!r}")
+        if self.ffn_type not in ("swiglu", "gelu"):
+            raise InvalidValueError(f"ffn_type must be 'swiglu' or 'gelu', got {self.ffn_type!r}")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise InvalidValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+        if self.num_heads % self.kv_heads != 0:
+            raise InvalidValueError(
+                f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}"
+            )
+        if self.num_experts == 0 and (self.top_k or self.moe_ffn_size or self.num_shared_experts):
+            raise InvalidValueError("top_k, moe_ffn_size and num_shared_experts need num_experts")
+        # The core re-checks everything (MoE and MLA consistency) and counts parameters.
+        _core.memory_param_counts(self.to_dict())
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (``num_heads`` unless grouped-query attention)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def head_size(self) -> int:
+        """Per-head size of queries and keys for ordinary attention."""
+        return self.hidden_size // self.num_heads if self.head_dim is None else self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model has routed experts."""
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention."""
+        return self.kv_lora_rank > 0
+
+    def num_params(self) -> int:
+        """Exact number of parameters (tied embeddings counted once)."""
+        return int(_core.memory_param_counts(self.to_dict())[0])
+
+    def num_active_params(self) -> int:
+        """Parameters a token goes through: all but the routed experts it is not sent to."""
+        return int(_core.memory_param_counts(self.to_dict())[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields with defaults resolved (what the Rust core reads)."""
+        data = dataclasses.asdict(self)
+        data["num_kv_heads"] = self.kv_heads
+        data["head_dim"] = self.head_size
+        return data
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str) -> ModelSpec:
+        """A well-known model by name; see :data:`PRESETS` for the list."""
+        try:
+            return PRESETS[name.lower()]
+        except KeyError:
+            known = ", ".join(sorted(PRESETS))
+            raise InvalidValueError(f"unknown preset {name!r}; known presets: {known}") from None
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | str | Path) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` (a dict, a file, or a directory holding one).
+
+        Supported ``model_type`` values: ``llama``, ``mistral``, ``mixtral``, ``qwen2`` and
+        ``deepseek_v3``.
+        """
+        if isinstance(config, (str, Path)):
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            if not path.is_file():
+                raise InvalidValueError(f"config: no such file {str(path)!r}")
+            try:
+                config = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                raise InvalidValueError(f"config: {path} is not valid JSON ({exc})") from exc
+            name = path.parent.name or "custom"
+        else:
+            name = str(config.get("_name_or_path") or "custom")
+        if not isinstance(config, Mapping):
+            raise InvalidTypeError("config must be a mapping, a path or a directory")
+        return _from_hf(config, name)
+
+
+def _require(config: Mapping[str, Any], key: str) -> Any:
+    if key not in config or config[key] is None:
+        raise InvalidValueError(f"config: missing {key!r}")
+    return config[key]
+
+
+def _from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
+    model_type = config.get("model_type")
+    supported = ("llama", "mistral", "mixtral", "qwen2", "deepseek_v3")
+    if model_type not in supported:
+        raise InvalidValueError(
+            f"config: model_type {model_type!r} is not supported "
+            f"(supported: {', '.join(supported)})"
+        )
+    heads = _require(config, "num_attention_heads")
+    act = str(config.get("hidden_act", "silu"))
+    fields: dict[str, Any] = {
+        "name": name,
+        "hidden_size": _require(config, "hidden_size"),
+        "num_layers": _require(config, "num_hidden_layers"),
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": config.get("head_dim"),
+        "ffn_size": _require(config, "intermediate_size"),
+        "vocab_size": _require(config, "vocab_size"),
+        "tied_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "ffn_type": "swiglu" if act in ("silu", "swish", "swiglu") else "gelu",
+        "qkv_bias": model_type == "qwen2" or bool(config.get("attention_bias", False)),
+    }
+    if model_type == "mixtral":
+        fields["num_experts"] = _require(config, "num_local_experts")
+        fields["top_k"] = _require(config, "num_experts_per_tok")
+        fields["moe_ffn_size"] = fields["ffn_size"]
+    if model_type == "deepseek_v3":
+        fields["num_kv_heads"] = heads
+        fields["head_dim"] = None
+        fields["num_experts"] = _require(config, "n_routed_experts")
+        fields["top_k"] = _require(config, "num_experts_per_tok")
+        fields["num_shared_experts"] = config.get("n_shared_experts") or 0
+        fields["moe_ffn_size"] = _require(config, "moe_intermediate_size")
+        fields["first_dense_layers"] = config.get("first_k_dense_replace") or 0
+        fields["router_bias"] = config.get("topk_method", "noaux_tc") == "noaux_tc"
+        fields["q_lora_rank"] = config.get("q_lora_rank") or 0
+        fields["kv_lora_rank"] = _require(config, "kv_lora_rank")
+        fields["qk_nope_head_dim"] = _require(config, "qk_nope_head_dim")
+        fields["qk_rope_head_dim"] = _require(config, "qk_rope_head_dim")
+        fields["v_head_dim"] = _require(config, "v_head_dim")
+        if fields["hidden_size"] % heads != 0:
+            fields["head_dim"] = fields["qk_nope_head_dim"] + fields["qk_rope_head_dim"]
+    return ModelSpec(**fields)
+
+
+def _llama(
+    name: str, h: int, layers: int, heads: int, kv: int, ffn: int, **extra: Any
+) -> ModelSpec:
+    fields: dict[str, Any] = {"vocab_size": 128_256, **extra}
+    return ModelSpec(
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_size=ffn,
+        name=name,
+        **fields,
+    )
+
+
+#: Built-in model shapes, from the models' published ``config.json`` (GPT-3: Brown et al.
+#: 2020, table 2.1). Names are lower case.
+PRESETS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        _llama("llama-3.2-1b", 2048, 16, 32, 8, 8192, tied_embeddings=True),
+        _llama("llama-3.2-3b", 3072, 28, 24, 8, 8192, tied_embeddings=True),
+        _llama("llama-3.1-8b", 4096, 32, 32, 8, 14336),
+        _llama("llama-3.1-70b", 8192, 80, 64, 8, 28672),
+        _llama("llama-3.1-405b", 16384, 126, 128, 8, 53248),
+        _llama("mistral-7b", 4096, 32, 32, 8, 14336, vocab_size=32_000),
+        _llama(
+            "mixtral-8x7b",
+            4096,
+            32,
+            32,
+            8,
+            14336,
+            vocab_size=32_000,
+            num_experts=8,
+            top_k=2,
+            moe_ffn_size=14336,
+        ),
+        _llama(
+            "mixtral-8x22b",
+            6144,
+            56,
+            48,
+            8,
+            16384,
+            vocab_size=32_768,
+            num_experts=8,
+            top_k=2,
+            moe_ffn_size=16384,
+        ),
+        _llama("qwen2.5-7b", 3584, 28, 28, 4, 18944, vocab_size=152_064, qkv_bias=True),
+        _llama("qwen2.5-72b", 8192, 80, 64, 8, 29568, vocab_size=152_064, qkv_bias=True),
+        _llama(
+            "deepseek-v3",
+            7168,
+            61,
+            128,
+            128,
+            18432,
+            vocab_size=129_280,
+            num_experts=256,
+            top_k=8,
+            num_shared_experts=1,
+            moe_ffn_size=2048,
+            first_dense_layers=3,
+            router_bias=True,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+        ModelSpec(
+            name="gpt3-175b",
+            hidden_size=12288,
+            num_layers=96,
+            num_heads=96,
+            ffn_size=49152,
+            vocab_size=50_257,
+            ffn_type="gelu",
+            norm="layernorm",
+            tied_embeddings=True,
+            linear_bias=True,
+            learned_positions=2048,
+        ),
+    )
+}

@@ -1,0 +1,614 @@
+"""PyTorch integration: a token-budget batch sampler for distributed training and the
+collators that turn its batches into padding-free or padded tensors.
+
+::
+
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens=8192, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=PackedCollator())
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            ...
+
+This module imports torch; the rest of tokenbatch does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence, Sized
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, Sampler
+
+from tokenbatch._convert import as_int, as_lengths, as_seed
+from tokenbatch.distribute import Balance, EpochPlan, Planner, Segment, mix_seed
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
+
+__all__ = [
+    "BatchIndices",
+    "PackedCollator",
+    "PaddedCollator",
+    "SegmentDataset",
+    "TokenBudgetBatchSampler",
+    "sequence_lengths",
+]
+
+#: What the sampler yields: sequence indices, or ``(index, start, length)`` segments when
+#: sequences may be split or truncated (``oversize="split"`` or ``"truncate"``).
+BatchIndices = list[int] | list[Segment]
+
+_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/1"
+_ALGORITHMS = ("bfd", "ffd", "next_fit", "first_fit_shuffled")
+_OVERSIZE = ("error", "truncate", "split", "drop")
+
+
+class TokenBudgetBatchSampler(Sampler[BatchIndices]):
+    """Batch sampler whose batches fill a token budget, for single- and multi-GPU training.
+
+    Use it as ``DataLoader(dataset, batch_sampler=sampler, collate_fn=...)``. Each epoch,
+    every rank builds the same plan from ``(lengths, seed, epoch)`` without communicating,
+    and runs its column of it:
+
+    * **Equal steps, nothing lost.** Every rank gets exactly ``len(sampler)`` batches and
+      every sequence is used exactly once per epoch across all ranks. When the number of
+      bins does not divide by ``num_replicas``, the costliest bins are cut between their
+      sequences until it does (see :func:`tokenbatch.distribute.plan_epoch`). Only
+      ``drop_last=True`` leaves sequences out (the least-filled remainder bins), and
+      :meth:`stats` says how many.
+    * **Balanced steps.** ``balance="attention"`` puts bins of similar attention cost (sum
+      of squared sequence lengths) side by side in one step, ``"tokens"`` bins of similar
+      token count, ``None`` keeps the packing order.
+    * **Exact resume.** :meth:`state_dict` / :meth:`load_state_dict` restart mid-epoch with
+      exactly the batches an uninterrupted run would have produced, by recomputing the
+      plan and skipping ahead (no replay).
+
+    Args:
+        lengths: token count of every dataset item, in dataset order.
+        max_tokens: token budget of one micro-batch (per rank).
+        mode: ``"packed"``: sequences are concatenated (cost = tokens, see
+            :class:`PackedCollator`); ``"padded"``: sequences are padded to the longest of
+            their batch (cost = count x longest, see :class:`PaddedCollator`).
+        algorithm: packing algorithm of :func:`tokenbatch.pack` (``mode="packed"`` only).
+            Deterministic algorithms fix each batch's composition, and ``shuffle`` changes
+            the order of batches and ranks; ``"first_fit_shuffled"`` repacks every epoch
+            with a fresh seed, so compositions change too.
+        shuffle: reshuffle every epoch (see :meth:`set_epoch`).
+        seed: must be the same on every rank.
+        num_replicas: number of data-parallel ranks; default: the world size of the
+            initialized default process group, else 1.
+        rank: this process's rank; default: its rank in the default group, else 0.
+        drop_last: leave out the remainder bins instead of splitting bins to make their
+            number divide by ``num_replicas``.
+        balance: ``"attention"``, ``"tokens"`` or ``None`` (see above).
+        oversize: what to do with sequences longer than ``max_tokens``
+            (see :func:`tokenbatch.pack`). With ``"split"`` or ``"truncate"`` the sampler
+            yields ``(index, start, length)`` segments; wrap the dataset in
+            :class:`SegmentDataset` to serve them.
+        max_seqs: at most this many sequences in one batch.
+        pad_to_multiple_of: each sequence costs its length rounded up to this multiple.
+        dataset: optional; when given, its length must equal ``len(lengths)``.
+
+    Raises:
+        InvalidValueError: ``rank >= num_replicas``, lengths that disagree with
+            ``dataset``, too few sequences for ``num_replicas`` ranks without
+            ``drop_last``, or an invalid option.
+        OversizeError: a sequence longer than ``max_tokens`` with ``oversize="error"``.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | npt.NDArray[np.integer[Any]],
+        max_tokens: int,
+        *,
+        mode: Literal["packed", "padded"] = "packed",
+        algorithm: Algorithm = "bfd",
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        balance: Balance = "attention",
+        oversize: OversizePolicy = "error",
+        max_seqs: int | None = None,
+        pad_to_multiple_of: int = 1,
+        dataset: Sized | None = None,
+    ) -> None:
+        super().__init__()
+        array = np.array(as_lengths(lengths), dtype=np.int64)
+        array.flags.writeable = False
+        if dataset is not None and len(dataset) != len(array):
+            raise InvalidValueError(
+                f"lengths has {len(array)} entries but the dataset has {len(dataset)} items; "
+                "lengths must give the token count of every dataset item, in order"
+            )
+        self.lengths: npt.NDArray[np.int64] = array
+        self.max_tokens = as_int(max_tokens, "max_tokens", minimum=1)
+        self.mode = _choice(mode, "mode", ("packed", "padded"))
+        self.algorithm = _choice(algorithm, "algorithm", _ALGORITHMS)
+        self.shuffle = _as_bool(shuffle, "shuffle")
+        self.seed = as_seed(seed)
+        self.drop_last = _as_bool(drop_last, "drop_last")
+        if balance is not None:
+            _choice(balance, "balance", ("attention", "tokens"))
+        self.balance: Balance = balance
+        self.oversize = _choice(oversize, "oversize", _OVERSIZE)
+        self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
+        self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
+        self.num_replicas, self.rank = _replicas_and_rank(num_replicas, rank)
+        #: Batches are ``(index, start, length)`` segments rather than indices.
+        self.yields_segments = self.oversize in ("split", "truncate")
+        self.epoch = 0
+        self._planner: tuple[int, Planner] | None = None
+        self._plan: EpochPlan | None = None
+        self._fingerprint: str | None = None
+        self._pending_start = 0  # where the next iterator starts (set by load_state_dict)
+        self._iter_start = 0  # where the current iterator started
+        self._position = 0  # steps of this epoch yielded so far by the current iterator
+        # Build epoch 0 now, so that oversize sequences and impossible distributions raise
+        # here, on every rank, rather than inside the training loop.
+        self._epoch_plan(0)
+
+    # -- planning ---------------------------------------------------------------------
+
+    def _repacks_every_epoch(self) -> bool:
+        return self.mode == "packed" and self.algorithm == "first_fit_shuffled" and self.shuffle
+
+    def _packing(self, epoch: int) -> Packing:
+        if self.mode == "padded":
+            return batch_padded(
+                self.lengths,
+                self.max_tokens,
+                max_seqs=self.max_seqs,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                oversize=self.oversize,  # type: ignore[arg-type]
+            )
+        return pack(
+            self.lengths,
+            self.max_tokens,
+            algorithm=self.algorithm,  # type: ignore[arg-type]
+            max_seqs=self.max_seqs,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            oversize=self.oversize,  # type: ignore[arg-type]
+            seed=mix_seed(self.seed, epoch) if self._repacks_every_epoch() else self.seed,
+        )
+
+    def _epoch_plan(self, epoch: int) -> EpochPlan:
+        if self._plan is not None and self._plan.epoch == epoch:
+            return self._plan
+        # A schedule of batch sizes would regroup consecutive steps of this plan into
+        # optimizer steps; the plan itself (one bin per rank per step) would not change.
+        packing_epoch = epoch if self._repacks_every_epoch() else 0
+        if self._planner is None or self._planner[0] != packing_epoch:
+            planner = Planner(
+                self._packing(packing_epoch),
+                self.num_replicas,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                balance=self.balance,
+                drop_last=self.drop_last,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+            )
+            self._planner = (packing_epoch, planner)
+        self._plan = self._planner[1].plan(epoch)
+        return self._plan
+
+    def plan(self) -> EpochPlan:
+        """The plan of the current epoch (all ranks' batches)."""
+        return self._epoch_plan(self.epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose batches the next iteration yields.
+
+        Call it before each epoch, as with ``DistributedSampler``. Changing the epoch
+        discards a position restored by :meth:`load_state_dict`; setting the same epoch
+        keeps it.
+        """
+        epoch = as_int(epoch, "epoch", minimum=0)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._pending_start = self._iter_start = self._position = 0
+
+    def __len__(self) -> int:
+        """Batches per rank in the current epoch (exact, the same on every rank)."""
+        return self._epoch_plan(self.epoch).n_steps
+
+    def __iter__(self) -> Iterator[BatchIndices]:
+        # A generator, so that the bookkeeping happens at the first ``next``: DataLoader
+        # calls ``iter`` more than once per epoch and drops the iterators it never reads.
+        plan = self._epoch_plan(self.epoch)
+        start = self._pending_start
+        self._pending_start = 0
+        self._iter_start = self._position = start
+        for batch in plan.batches(self.rank, start, segments=self.yields_segments):
+            self._position += 1
+            yield batch
+
+    def stats(self) -> dict[str, int | float]:
+        """Counts and balance of the current epoch's plan.
+
+        Includes ``n_steps`` (batches per rank), ``dropped_seqs`` (sequences left out by
+        ``drop_last`` or ``oversize="drop"``), ``split_bins`` (bins added to make the
+        count divide by ``num_replicas``), ``padding_ratio``, and the per-step max/mean
+        imbalance of tokens and of attention cost (``*_imbalance_max``,
+        ``*_imbalance_mean``, ``*_sync_overhead``); see
+        :meth:`tokenbatch.distribute.EpochPlan.stats`.
+        """
+        return self._epoch_plan(self.epoch).stats()
+
+    # -- checkpointing ----------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "mode": self.mode,
+            "algorithm": self.algorithm,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "drop_last": self.drop_last,
+            "balance": self.balance,
+            "oversize": self.oversize,
+            "max_seqs": self.max_seqs,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+        }
+
+    def fingerprint(self) -> str:
+        """Digest of the lengths and every option that shapes the plan."""
+        if self._fingerprint is None:
+            digest = hashlib.blake2b(digest_size=16)
+            digest.update(self.lengths.astype("<i8", copy=False).tobytes())
+            digest.update(repr(sorted(self._config().items())).encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
+        """Position in the epoch, to resume exactly with :meth:`load_state_dict`.
+
+        Args:
+            consumed_batches: batches the training loop has taken from the current
+                iteration (since the last ``iter(loader)``). Needed with DataLoader
+                workers, which fetch batches ahead of the loop; without it the position
+                is what the sampler has yielded, which is exact with ``num_workers=0``.
+
+        The state is the same on every rank (steps are global), so saving rank 0's is
+        enough. It holds ``epoch``, ``step`` (batches of the epoch already consumed per
+        rank) and a fingerprint of the lengths and options.
+        """
+        if consumed_batches is None:
+            step = self._position
+        else:
+            consumed = as_int(consumed_batches, "consumed_batches", minimum=0)
+            yielded = self._position - self._iter_start
+            if consumed > yielded:
+                raise InvalidValueError(
+                    f"consumed_batches={consumed} is more than the {yielded} batches the "
+                    "sampler has yielded in this iteration"
+                )
+            step = self._iter_start + consumed
+        return {
+            "format": _STATE_FORMAT,
+            "epoch": self.epoch,
+            "step": step,
+            "n_steps": len(self),
+            "n_seqs": len(self.lengths),
+            "fingerprint": self.fingerprint(),
+            "config": self._config(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict` (possibly from another rank).
+
+        The next iteration starts at the saved step of the saved epoch; call
+        :meth:`set_epoch` with that same epoch (or not at all) before iterating.
+
+        Raises:
+            InvalidValueError: the state comes from other lengths or options (a
+                different dataset, ``num_replicas``, seed...), or is malformed.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
+        if state.get("format") != _STATE_FORMAT:
+            raise InvalidValueError(
+                f"state is not a TokenBudgetBatchSampler state (format={state.get('format')!r})"
+            )
+        config = state.get("config")
+        if isinstance(config, Mapping):
+            differences = [
+                f"{key}={config.get(key)!r} (this sampler: {value!r})"
+                for key, value in self._config().items()
+                if config.get(key) != value
+            ]
+            if differences:
+                raise InvalidValueError(
+                    "state was saved by a sampler with other options: " + ", ".join(differences)
+                )
+        if state.get("n_seqs") != len(self.lengths):
+            raise InvalidValueError(
+                f"state was saved for a dataset of {state.get('n_seqs')} sequences, "
+                f"this sampler has {len(self.lengths)}"
+            )
+        if state.get("fingerprint") != self.fingerprint():
+            raise InvalidValueError(
+                "state was saved for other sequence lengths (fingerprint mismatch): "
+                "a different or modified dataset"
+            )
+        epoch = as_int(state.get("epoch"), "state['epoch']", minimum=0)
+        step = as_int(state.get("step"), "state['step']", minimum=0)
+        n_steps = self._epoch_plan(epoch).n_steps
+        if step > n_steps:
+            raise InvalidValueError(
+                f"state['step']={step} is beyond the {n_steps} steps of epoch {epoch}"
+            )
+        self.epoch = epoch
+        self._pending_start = self._iter_start = self._position = step
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenBudgetBatchSampler(n_seqs={len(self.lengths)}, max_tokens={self.max_tokens}, "
+            f"mode={self.mode!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
+            f"epoch={self.epoch})"
+        )
+
+
+def _replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    initialized = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if initialized else 1
+    if rank is None:
+        rank = dist.get_rank() if initialized else 0
+    replicas = as_int(num_replicas, "num_replicas", minimum=1)
+    position = as_int(rank, "rank", minimum=0)
+    if position >= replicas:
+        raise InvalidValueError(
+            f"rank must be in [0, num_replicas - 1] = [0, {replicas - 1}], got rank={position}"
+        )
+    return replicas, position
+
+
+def _choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, got {value!r}")
+    if value not in allowed:
+        options = ", ".join(repr(option) for option in allowed)
+        raise InvalidValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def _as_bool(value: object, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidTypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def sequence_lengths(dataset: Any, key: str = "input_ids") -> npt.NDArray[np.int64]:
+    """Token count of every item of a map-style dataset (reads every item once).
+
+    Items are mappings holding ``key`` or token sequences themselves. Datasets that store
+    lengths (a column, an index file) should pass those to the sampler instead.
+    """
+    return np.fromiter(
+        (len(_tokens(dataset[i], key, i)) for i in range(len(dataset))),
+        dtype=np.int64,
+        count=len(dataset),
+    )
+
+
+class SegmentDataset(Dataset[Any]):
+    """Serve the ``(index, start, length)`` segments of a sampler with
+    ``oversize="split"`` or ``"truncate"`` from a map-style dataset.
+
+    ``dataset[index]`` must return a mapping whose token fields (``keys``) are sliceable
+    (lists, numpy arrays, tensors), or a token sequence itself. A segment returns the
+    item with those fields cut to ``[start:start + length]``; other fields are kept as
+    they are. Plain integer indices return the item unchanged, so the wrapper also works
+    for samplers that do not split.
+
+    A piece of a split sequence is a document of its own for the collator: its positions
+    restart at 0, and its first token is not predicted from the previous piece.
+
+    Raises:
+        InvalidValueError: an item is shorter than its segment (the lengths given to the
+            sampler do not match the dataset).
+    """
+
+    def __init__(self, dataset: Any, keys: Sequence[str] = ("input_ids", "labels")) -> None:
+        if isinstance(keys, str):
+            raise InvalidTypeError("keys must be a sequence of field names, not a string")
+        self.dataset = dataset
+        self.keys = tuple(keys)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int | Segment) -> Any:
+        if not isinstance(index, tuple):
+            return self.dataset[index]
+        position, start, length = index
+        item = self.dataset[position]
+        stop = start + length
+        if isinstance(item, Mapping):
+            sliced = dict(item)
+            for key in self.keys:
+                if key in item:
+                    sliced[key] = _cut(item[key], start, stop, key, position)
+            return sliced
+        return _cut(item, start, stop, "item", position)
+
+
+def _cut(values: Any, start: int, stop: int, key: str, position: int) -> Any:
+    if len(values) < stop:
+        raise InvalidValueError(
+            f"dataset item {position} has {len(values)} {key} tokens, but the sampler planned "
+            f"tokens {start}:{stop}; the lengths given to the sampler do not match the dataset"
+        )
+    return values[start:stop]
+
+
+def _tokens(item: Any, key: str, position: int) -> Any:
+    if isinstance(item, Mapping):
+        if key not in item:
+            raise InvalidValueError(f"dataset item {position} has no {key!r} field")
+        return item[key]
+    return item
+
+
+def _as_int64(values: Any, name: str) -> npt.NDArray[np.int64]:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise InvalidTypeError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise InvalidTypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _read_items(
+    items: Sequence[Any], input_key: str, labels_key: str
+) -> tuple[list[npt.NDArray[np.int64]], list[npt.NDArray[np.int64] | None]]:
+    ids: list[npt.NDArray[np.int64]] = []
+    labels: list[npt.NDArray[np.int64] | None] = []
+    for position, item in enumerate(items):
+        tokens = _as_int64(_tokens(item, input_key, position), f"items[{position}][{input_key!r}]")
+        ids.append(tokens)
+        if isinstance(item, Mapping) and item.get(labels_key) is not None:
+            item_labels = _as_int64(item[labels_key], f"items[{position}][{labels_key!r}]")
+            if len(item_labels) != len(tokens):
+                raise InvalidValueError(
+                    f"items[{position}] has {len(tokens)} {input_key} but "
+                    f"{len(item_labels)} {labels_key}"
+                )
+            labels.append(item_labels)
+        else:
+            labels.append(None)
+    return ids, labels
+
+
+class PackedCollator:
+    """Concatenate a batch into one padding-free row, the format of varlen attention.
+
+    From items holding ``input_ids`` (and optionally ``labels``, unshifted, as Hugging
+    Face models take them) it returns:
+
+    * ``input_ids``, ``labels``, ``position_ids``: int64 tensors of shape
+      ``[1, total_tokens]``; positions restart at 0 for every sequence, and the label of
+      every sequence's first token is ``ignore_index``, so no sequence is trained to
+      predict the start of the next one;
+    * ``cu_seqlens``: int32 cumulative sequence lengths ``[0, l0, l0 + l1, ...]`` for
+      ``flash_attn_varlen_func``; ``max_seqlen``: the longest sequence (an int);
+    * ``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q`` / ``max_length_k``: the
+      same, under the names Hugging Face models accept for padding-free training.
+
+    Empty sequences are skipped. With ``pad_to_multiple_of > 1`` the row is padded with
+    ``pad_token_id`` to a multiple of it, as one more sequence whose labels are all
+    ``ignore_index``.
+
+    Items are mappings holding ``input_key`` (lists, numpy arrays or tensors), or the
+    token sequences themselves.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_key: str = "input_ids",
+        labels_key: str = "labels",
+        ignore_index: int = -100,
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int = 1,
+    ) -> None:
+        self.input_key = input_key
+        self.labels_key = labels_key
+        self.ignore_index = as_int(ignore_index, "ignore_index")
+        self.pad_token_id = as_int(pad_token_id, "pad_token_id")
+        self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
+
+    def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
+        """Collate ``items`` (one batch of the sampler) into tensors."""
+        ids, labels = _read_items(items, self.input_key, self.labels_key)
+        keep = [i for i, tokens in enumerate(ids) if len(tokens)]
+        ids = [ids[i] for i in keep]
+        labels_list: list[npt.NDArray[np.int64]] = []
+        for tokens, i in zip(ids, keep, strict=True):
+            item_labels = labels[i]
+            labels_list.append(tokens if item_labels is None else item_labels)
+        seq_lens = [len(tokens) for tokens in ids]
+        total = sum(seq_lens)
+        padding = -total % self.pad_to_multiple_of
+        if padding:
+            ids.append(np.full(padding, self.pad_token_id, dtype=np.int64))
+            labels_list.append(np.full(padding, self.ignore_index, dtype=np.int64))
+            seq_lens.append(padding)
+        lens = np.asarray(seq_lens, dtype=np.int64)
+        cu = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        n_tokens = int(cu[-1])
+        input_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+        label_row = np.concatenate(labels_list) if ids else np.zeros(0, dtype=np.int64)
+        label_row[cu[:-1]] = self.ignore_index
+        position_ids = np.arange(n_tokens, dtype=np.int64) - np.repeat(cu[:-1], lens)
+        cu_seqlens = torch.from_numpy(cu.astype(np.int32))
+        max_seqlen = int(lens.max()) if len(lens) else 0
+        return {
+            "input_ids": torch.from_numpy(input_ids).view(1, n_tokens),
+            "labels": torch.from_numpy(label_row).view(1, n_tokens),
+            "position_ids": torch.from_numpy(position_ids).view(1, n_tokens),
+            "cu_seqlens": cu_seqlens,
+            "max_seqlen": max_seqlen,
+            "cu_seq_lens_q": cu_seqlens,
+            "cu_seq_lens_k": cu_seqlens,
+            "max_length_q": max_seqlen,
+            "max_length_k": max_seqlen,
+        }
+
+
+class PaddedCollator:
+    """Pad a batch to its longest sequence: ``input_ids``, ``attention_mask`` (1 for real
+    tokens) and ``labels`` (``ignore_index`` on padding), int64 tensors of shape
+    ``[batch, longest]`` (rounded up to ``pad_to_multiple_of``).
+
+    Labels are unshifted (the model shifts them); items may carry their own ``labels``.
+    ``padding_side="left"`` puts the padding first.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_key: str = "input_ids",
+        labels_key: str = "labels",
+        pad_token_id: int = 0,
+        ignore_index: int = -100,
+        pad_to_multiple_of: int = 1,
+        padding_side: Literal["right", "left"] = "right",
+    ) -> None:
+        self.input_key = input_key
+        self.labels_key = labels_key
+        self.pad_token_id = as_int(pad_token_id, "pad_token_id")
+        self.ignore_index = as_int(ignore_index, "ignore_index")
+        self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
+        self.padding_side = _choice(padding_side, "padding_side", ("right", "left"))
+
+    def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """Collate ``items`` into padded tensors."""
+        ids, labels = _read_items(items, self.input_key, self.labels_key)
+        longest = max((len(tokens) for tokens in ids), default=0)
+        width = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        input_ids = np.full((len(ids), width), self.pad_token_id, dtype=np.int64)
+        label_rows = np.full((len(ids), width), self.ignore_index, dtype=np.int64)
+        mask = np.zeros((len(ids), width), dtype=np.int64)
+        for row, (tokens, item_labels) in enumerate(zip(ids, labels, strict=True)):
+            n = len(tokens)
+            span = slice(0, n) if self.padding_side == "right" else slice(width - n, width)
+            input_ids[row, span] = tokens
+            label_rows[row, span] = tokens if item_labels is None else item_labels
+            mask[row, span] = 1
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(mask),
+            "labels": torch.from_numpy(label_rows),
+        }

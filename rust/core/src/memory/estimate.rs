@@ -1,0 +1,565 @@
+//! Closed-form per-GPU memory of one training configuration.
+//!
+//! # Model states (bytes per parameter held by a GPU)
+//! `param_bytes` weights, `grad_bytes + grad_buffer_bytes` gradients and
+//! `master_bytes + optimizer_state_bytes` optimizer state; mixed-precision AdamW is
+//! 2 + 2 + (4 + 4 + 4) = 16 bytes (Rajbhandari et al. 2020, "ZeRO", section 3.1;
+//! Ultra-Scale Playbook, "Memory usage in Transformers"). fp32 master weights are optimizer
+//! state, so ZeRO-1 shards them with the moments. ZeRO stage `z` divides optimizer state
+//! (z >= 1), gradients (z >= 2) and weights (z >= 3) by the sharding group: `dp * cp` for
+//! dense weights (Megatron shards the distributed optimizer over data and context
+//! parallel ranks) and `dp * cp / ep` for routed experts.
+//!
+//! Tensor parallelism (Shoeybi et al. 2019) splits attention heads, MLP columns and the
+//! vocabulary; norms, the MoE router and MLA's down-projections stay replicated; key/value
+//! heads are replicated when `tp` exceeds their number. Expert parallelism splits routed
+//! experts over `ep` ranks, and experts are also split over `tp` (Megatron-Core's default
+//! expert tensor parallelism). Pipeline parallelism gives each stage `num_layers / pp`
+//! layers; the first stage also holds the embedding, the last the final norm and output
+//! projection (a copy of it when embeddings are tied and `pp > 1`).
+//!
+//! # Activations
+//! Bytes saved for backward per token of a micro-batch (`micro_batch * seq_len / cp` tokens
+//! per GPU), per layer, times the layers and micro-batches in flight on the stage:
+//! 1F1B keeps `min(m, pp - i)` micro-batches on stage `i` (Narayanan et al. 2021); the
+//! interleaved schedule with `vpp` chunks keeps `min(m * vpp, 2 (pp - i - 1) + (vpp - 1) pp + 1)`
+//! chunks, which on stage 0 is Megatron's `pp * (1 + (pp - 1) / (pp * vpp))` stage
+//! equivalents. The reported breakdown is the busiest stage (largest total).
+//!
+//! `korthikanti`: Korthikanti et al. 2022, table 2, per layer
+//! `sbh (10 + 24/t + 5as/(ht))` without sequence parallelism, `sbh/t (34 + 5as/h)` with it,
+//! the `5as/h` term removed by selective recomputation and `2sbh` (`/t` with sequence
+//! parallelism) kept by full recomputation, plus the `sbh` dropout mask of the input
+//! embedding per micro-batch in flight (their section 4.3). It assumes GPT blocks (4h GeLU
+//! MLP, LayerNorm, dropout, 16-bit activations); applied to other shapes it reproduces
+//! published estimates such as the Ultra-Scale Playbook's, not the real allocation.
+//!
+//! `modern`: the tensors a pre-norm block keeps with fused norm kernels (input plus fp32
+//! statistics), flash attention (q, k, v, output and the fp32 log-sum-exp; GQA keys and
+//! values unexpanded), no dropout, an element-wise SwiGLU (gate, up, silu(gate) and
+//! their product; 3 tensors when fused), top-k routing (router probabilities in fp32,
+//! top-k indices and weights; per chosen expert the gathered input, the expert output
+//! and the weighted output kept by the scatter-add) and fp32 logits for the loss. Selective recomputation recomputes the attention core and the
+//! MLP activation function (Megatron-Core `recompute_modules = core_attn, mlp activation`);
+//! full recomputation keeps each layer's input and needs one layer's activations while it
+//! recomputes (Chen et al. 2016).
+
+use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
+use crate::memory::spec::{FfnType, LayerParams, ModelSpec, NormType};
+
+/// Names of the output columns, in [`Breakdown::to_values`] order.
+pub const OUTPUT_FIELDS: [&str; 15] = [
+    "params",
+    "grads",
+    "optimizer",
+    "activations",
+    "overhead",
+    "total",
+    "act_attention",
+    "act_mlp",
+    "act_norm",
+    "act_embedding",
+    "act_logits",
+    "act_checkpoints",
+    "act_working",
+    "stage",
+    "reason",
+];
+
+/// Number of output columns.
+pub const N_OUTPUT_FIELDS: usize = OUTPUT_FIELDS.len();
+
+/// Per-GPU bytes of the busiest pipeline stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Breakdown {
+    pub params: f64,
+    pub grads: f64,
+    pub optimizer: f64,
+    pub activations: f64,
+    pub overhead: f64,
+    pub total: f64,
+    /// Attention blocks of the layers in flight.
+    pub act_attention: f64,
+    /// MLP / MoE blocks of the layers in flight.
+    pub act_mlp: f64,
+    /// Norm inputs and statistics (the residual stream) of the layers in flight.
+    pub act_norm: f64,
+    /// Token ids (modern) or the embedding dropout mask (korthikanti) on the first stage.
+    pub act_embedding: f64,
+    /// Final norm, output projection input and logits on the last stage.
+    pub act_logits: f64,
+    /// Layer inputs kept by full recomputation.
+    pub act_checkpoints: f64,
+    /// One layer's activations rebuilt during backward under full recomputation.
+    pub act_working: f64,
+    /// Index of the pipeline stage reported.
+    pub stage: f64,
+}
+
+impl Breakdown {
+    /// Values in [`OUTPUT_FIELDS`] order (reason 0: valid).
+    pub fn to_values(&self) -> [f64; N_OUTPUT_FIELDS] {
+        [
+            self.params,
+            self.grads,
+            self.optimizer,
+            self.activations,
+            self.overhead,
+            self.total,
+            self.act_attention,
+            self.act_mlp,
+            self.act_norm,
+            self.act_embedding,
+            self.act_logits,
+            self.act_checkpoints,
+            self.act_working,
+            self.stage,
+            0.0,
+        ]
+    }
+
+    /// The row of an invalid configuration: NaN everywhere but the reason code.
+    pub fn invalid_values(reason: Invalid) -> [f64; N_OUTPUT_FIELDS] {
+        let mut values = [f64::NAN; N_OUTPUT_FIELDS];
+        values[N_OUTPUT_FIELDS - 1] = f64::from(reason.code());
+        values
+    }
+}
+
+/// Quantities derived once per model, shared by every configuration of a grid.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    spec: ModelSpec,
+    dense_layer: LayerParams,
+    moe_layer: LayerParams,
+    embedding: f64,
+    positions: f64,
+    final_norm: f64,
+    norm_stat_bytes: f64,
+}
+
+impl Prepared {
+    /// Precompute per-layer parameter counts. The spec must have been validated.
+    pub fn new(spec: &ModelSpec) -> Self {
+        let (embedding, positions) = spec.embedding_params();
+        let (final_norm, _) = spec.head_params(false);
+        Prepared {
+            spec: spec.clone(),
+            dense_layer: spec.layer_params(0, false),
+            moe_layer: spec.layer_params(spec.first_dense_layers, false),
+            embedding,
+            positions,
+            final_norm,
+            norm_stat_bytes: match spec.norm {
+                NormType::RmsNorm => 4.0,
+                NormType::LayerNorm => 8.0,
+            },
+        }
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+}
+
+fn is_pos_int(x: f64) -> bool {
+    x.is_finite() && x >= 1.0 && x.fract() == 0.0
+}
+
+fn is_flag(x: f64) -> bool {
+    x == 0.0 || x == 1.0
+}
+
+/// Whether `d` (a validated positive whole number) divides `n`; integer arithmetic
+/// because float remainders are several times slower in a grid's inner loop.
+fn divides(d: f64, n: u64) -> bool {
+    n % (d as u64) == 0
+}
+
+/// Check a configuration against the model; the first problem found is returned.
+pub fn validate(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
+    let positive = [
+        (l.seq_len, Invalid::SeqLen),
+        (l.micro_batch, Invalid::MicroBatch),
+        (l.dp, Invalid::Dp),
+        (l.tp, Invalid::Tp),
+        (l.pp, Invalid::Pp),
+        (l.cp, Invalid::Cp),
+        (l.ep, Invalid::Ep),
+        (l.vpp, Invalid::Vpp),
+    ];
+    for (value, reason) in positive {
+        if !is_pos_int(value) {
+            return Err(reason);
+        }
+    }
+    if !(l.zero.is_finite() && l.zero.fract() == 0.0 && (0.0..=3.0).contains(&l.zero)) {
+        return Err(Invalid::Zero);
+    }
+    if !is_flag(l.sequence_parallel) {
+        return Err(Invalid::SequenceParallel);
+    }
+    if !(l.recompute == 0.0 || l.recompute == 1.0 || l.recompute == 2.0) {
+        return Err(Invalid::Recompute);
+    }
+    if !(l.grad_accum_steps.is_finite() && l.grad_accum_steps >= 0.0)
+        || l.grad_accum_steps.fract() != 0.0
+    {
+        return Err(Invalid::GradAccumSteps);
+    }
+    let bytes = [
+        l.param_bytes,
+        l.grad_bytes,
+        l.grad_buffer_bytes,
+        l.master_bytes,
+        l.optimizer_state_bytes,
+        l.activation_bytes,
+        l.logits_bytes,
+        l.overhead_bytes,
+    ];
+    if bytes.iter().any(|b| !(b.is_finite() && *b >= 0.0)) {
+        return Err(Invalid::Bytes);
+    }
+    if !is_flag(l.activation_model) {
+        return Err(Invalid::ActivationModel);
+    }
+    if !is_flag(l.attention) {
+        return Err(Invalid::Attention);
+    }
+    if !is_flag(l.fused_swiglu) {
+        return Err(Invalid::FusedSwiglu);
+    }
+    if !divides(l.tp, spec.num_heads) {
+        return Err(Invalid::TpHeads);
+    }
+    if !spec.is_mla() && !divides(l.tp, spec.num_kv_heads) && (l.tp as u64) % spec.num_kv_heads != 0
+    {
+        return Err(Invalid::TpKvHeads);
+    }
+    let has_dense = !spec.is_moe() || spec.first_dense_layers > 0;
+    if (has_dense && !divides(l.tp, spec.ffn_size))
+        || (spec.is_moe() && !divides(l.tp, spec.moe_ffn_size))
+    {
+        return Err(Invalid::TpFfn);
+    }
+    if !divides(l.pp * l.vpp, spec.num_layers) {
+        return Err(Invalid::PpLayers);
+    }
+    if spec.is_moe() {
+        if !divides(l.ep, spec.num_experts) {
+            return Err(Invalid::EpExperts);
+        }
+    } else if l.ep != 1.0 {
+        return Err(Invalid::EpDense);
+    }
+    if !divides(l.ep, (l.dp * l.cp) as u64) {
+        return Err(Invalid::EpDpCp);
+    }
+    if !divides(l.cp, l.seq_len as u64) {
+        return Err(Invalid::CpSeqLen);
+    }
+    Ok(())
+}
+
+/// Activation bytes per local token of one layer, by block.
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerActs {
+    attention: f64,
+    mlp: f64,
+    norm: f64,
+}
+
+impl LayerActs {
+    fn total(&self) -> f64 {
+        self.attention + self.mlp + self.norm
+    }
+}
+
+/// Per-configuration constants of the activation formulas.
+struct ActCtx {
+    e: f64,
+    t: f64,
+    /// Divisor of tensors on the residual stream: `tp` with sequence parallelism, else 1.
+    rep: f64,
+    kv_per_rank: f64,
+    key_len: f64,
+    eager: bool,
+    fused: bool,
+}
+
+impl Prepared {
+    fn mlp_inner(&self, ffn: f64, c: &ActCtx, selective: bool) -> f64 {
+        let tensors = match (self.spec.ffn_type, selective, c.fused) {
+            (FfnType::SwiGlu, true, _) => 2.0,
+            (FfnType::SwiGlu, false, true) => 3.0,
+            (FfnType::SwiGlu, false, false) => 4.0,
+            (FfnType::Gelu, true, _) => 1.0,
+            (FfnType::Gelu, false, _) => 2.0,
+        };
+        tensors * c.e * ffn / c.t
+    }
+
+    fn modern_layer(&self, c: &ActCtx, moe: bool, selective: bool) -> LayerActs {
+        let s = &self.spec;
+        let e = c.e;
+        let h_rep = e * s.hidden_size as f64 / c.rep;
+        let a = s.num_heads as f64 / c.t;
+        let dq = s.qk_head_dim() as f64;
+        let dv = s.v_dim() as f64;
+        let core = if selective {
+            0.0
+        } else if c.eager {
+            e * a * c.key_len
+        } else {
+            4.0 * a
+        };
+        let mut attention = h_rep + core + e * a * (dq + dv);
+        if s.is_mla() {
+            let stat = 4.0 / c.rep;
+            let q_path = if s.q_lora_rank > 0 {
+                2.0 * e * s.q_lora_rank as f64 / c.rep + stat
+            } else {
+                0.0
+            };
+            let kv_path = 2.0 * e * s.kv_lora_rank as f64 / c.rep
+                + stat
+                + e * s.qk_rope_head_dim as f64 / c.rep;
+            attention += q_path + kv_path + e * a * (dq + dv);
+        } else {
+            attention += e * c.kv_per_rank * (dq + dv);
+        }
+        let norm = 2.0 * (h_rep + self.norm_stat_bytes / c.rep);
+        let mlp = if moe {
+            let k = s.top_k as f64;
+            let routed = k * (3.0 * h_rep + self.mlp_inner(s.moe_ffn_size as f64, c, selective));
+            let shared =
+                self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64, c, selective);
+            let router = (4.0 * s.num_experts as f64 + 32.0 * k) / c.rep;
+            h_rep + router + routed + shared
+        } else {
+            h_rep + self.mlp_inner(s.ffn_size as f64, c, selective)
+        };
+        LayerActs {
+            attention,
+            mlp,
+            norm,
+        }
+    }
+
+    fn korthikanti_layer(&self, c: &ActCtx, selective: bool) -> LayerActs {
+        let s = &self.spec;
+        let h = s.hidden_size as f64;
+        let scores = if selective {
+            0.0
+        } else {
+            5.0 * s.num_heads as f64 * c.key_len / c.t
+        };
+        LayerActs {
+            attention: 3.0 * h / c.rep + 8.0 * h / c.t + scores,
+            mlp: 3.0 * h / c.rep + 16.0 * h / c.t,
+            norm: 4.0 * h / c.rep,
+        }
+    }
+}
+
+/// Dense and MoE layers among the `chunk`-layer model chunks a stage holds.
+fn stage_layer_counts(spec: &ModelSpec, stage: u64, pp: u64, vpp: u64, chunk: u64) -> (f64, f64) {
+    if !spec.is_moe() {
+        return ((chunk * vpp) as f64, 0.0);
+    }
+    let mut dense = 0u64;
+    for j in 0..vpp {
+        let start = (stage + j * pp) * chunk;
+        dense += spec.first_dense_layers.saturating_sub(start).min(chunk);
+    }
+    (dense as f64, (chunk * vpp - dense) as f64)
+}
+
+/// Estimate one configuration (the spec must have been validated).
+pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
+    let spec = &prep.spec;
+    validate(spec, l)?;
+    let t = l.tp;
+    let sp = l.sequence_parallel == 1.0 && t > 1.0;
+    let recompute = l.recompute_mode();
+    let selective = recompute == Recompute::Selective;
+    let c = ActCtx {
+        e: l.activation_bytes,
+        t,
+        rep: if sp { t } else { 1.0 },
+        kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
+        key_len: l.seq_len / l.cp,
+        eager: l.attention == 1.0,
+        fused: l.fused_swiglu == 1.0,
+    };
+    let tokens = l.micro_batch * l.seq_len / l.cp;
+    let h = spec.hidden_size as f64;
+    let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
+
+    // Per-layer activations per token: what a layer keeps, and its full set (working set).
+    let (dense_acts, moe_acts) = if korthikanti {
+        let kept = prep.korthikanti_layer(&c, selective);
+        (kept, kept)
+    } else if spec.is_moe() {
+        (
+            prep.modern_layer(&c, false, selective),
+            prep.modern_layer(&c, true, selective),
+        )
+    } else {
+        let kept = prep.modern_layer(&c, false, selective);
+        (kept, kept)
+    };
+    let checkpoint = if korthikanti {
+        2.0 * h / c.rep
+    } else {
+        c.e * h / c.rep
+    };
+    let working = if recompute != Recompute::Full || korthikanti {
+        0.0
+    } else if spec.is_moe() {
+        let moe = prep.modern_layer(&c, true, false).total();
+        let dense = if spec.first_dense_layers > 0 {
+            prep.modern_layer(&c, false, false).total()
+        } else {
+            0.0
+        };
+        tokens * dense.max(moe)
+    } else {
+        tokens * prep.modern_layer(&c, false, false).total()
+    };
+    let embedding_per_mb = if korthikanti { h / c.rep } else { 8.0 } * tokens;
+    let logits_per_mb = if korthikanti {
+        0.0
+    } else {
+        tokens
+            * (2.0 * c.e * h / c.rep
+                + prep.norm_stat_bytes / c.rep
+                + l.logits_bytes * spec.vocab_size as f64 / t
+                + 8.0)
+    };
+
+    // Sharding of model states.
+    let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
+    let (dense_l, expert_l) = prep.dense_layer.per_rank(t, l.ep, kv_fraction);
+    let (moe_dense_l, moe_expert_l) = prep.moe_layer.per_rank(t, l.ep, kv_fraction);
+    let dense_group = l.dp * l.cp;
+    let expert_group = dense_group / l.ep;
+    let z = l.zero;
+    let shard =
+        |stage: f64, threshold: f64, group: f64| if z >= threshold { stage / group } else { stage };
+    let weight_bytes = l.param_bytes;
+    let grad_bytes = l.grad_bytes + l.grad_buffer_bytes;
+    let optim_bytes = l.master_bytes + l.optimizer_state_bytes;
+
+    let pp = l.pp as u64;
+    let vpp = l.vpp as u64;
+    let chunk = spec.num_layers / (pp * vpp);
+    let m = l.grad_accum_steps;
+    let mut best = Breakdown {
+        total: f64::NEG_INFINITY,
+        ..Breakdown::default()
+    };
+    let mut previous_middle = (f64::NAN, f64::NAN);
+    for stage in 0..pp {
+        let (n_dense, n_moe) = stage_layer_counts(spec, stage, pp, vpp, chunk);
+        let first = stage == 0;
+        let last = stage == pp - 1;
+        // A middle stage holding the same layers as the middle stage before it has fewer
+        // micro-batches in flight, so it cannot be the busiest: skip it.
+        if !first && !last {
+            if previous_middle == (n_dense, n_moe) {
+                continue;
+            }
+            previous_middle = (n_dense, n_moe);
+        }
+        let mut dense_params = n_dense * dense_l + n_moe * moe_dense_l;
+        let expert_params = n_dense * expert_l + n_moe * moe_expert_l;
+        if first {
+            dense_params += prep.embedding / t + prep.positions;
+        }
+        if last {
+            // A tied projection is the embedding itself unless the pipeline puts them on
+            // different stages, where Megatron keeps a synchronized copy on the last one.
+            let head = if spec.tied_embeddings && pp == 1 {
+                0.0
+            } else {
+                prep.embedding / t
+            };
+            dense_params += prep.final_norm + head;
+        }
+        let per_param = |bytes: f64, threshold: f64| {
+            bytes
+                * (shard(dense_params, threshold, dense_group)
+                    + shard(expert_params, threshold, expert_group))
+        };
+        let params = per_param(weight_bytes, 3.0).ceil();
+        let grads = per_param(grad_bytes, 2.0).ceil();
+        let optimizer = per_param(optim_bytes, 1.0).ceil();
+
+        // Micro-batches in flight on this stage, in units of "all the stage's layers once".
+        let remaining = (pp - stage) as f64;
+        let in_flight = if pp == 1 {
+            1.0
+        } else if vpp == 1 {
+            if m > 0.0 {
+                remaining.min(m)
+            } else {
+                remaining
+            }
+        } else {
+            let chunks = 2.0 * (remaining - 1.0) + ((vpp - 1) * pp) as f64 + 1.0;
+            let chunks = if m > 0.0 {
+                chunks.min(m * vpp as f64)
+            } else {
+                chunks
+            };
+            chunks / vpp as f64
+        };
+        let layer_tokens = tokens * in_flight;
+        let (mut act_attention, mut act_mlp, mut act_norm, mut act_checkpoints) =
+            (0.0, 0.0, 0.0, 0.0);
+        if recompute == Recompute::Full {
+            act_checkpoints = layer_tokens * (n_dense + n_moe) * checkpoint;
+        } else {
+            act_attention =
+                layer_tokens * (n_dense * dense_acts.attention + n_moe * moe_acts.attention);
+            act_mlp = layer_tokens * (n_dense * dense_acts.mlp + n_moe * moe_acts.mlp);
+            act_norm = layer_tokens * (n_dense * dense_acts.norm + n_moe * moe_acts.norm);
+        }
+        let act_embedding = if first {
+            embedding_per_mb * in_flight
+        } else {
+            0.0
+        };
+        let act_logits = if last { logits_per_mb } else { 0.0 };
+        let act_working = if n_dense + n_moe > 0.0 { working } else { 0.0 };
+        let activations = (act_attention
+            + act_mlp
+            + act_norm
+            + act_embedding
+            + act_logits
+            + act_checkpoints
+            + act_working)
+            .ceil();
+        let total = params + grads + optimizer + activations + l.overhead_bytes;
+        if total > best.total {
+            best = Breakdown {
+                params,
+                grads,
+                optimizer,
+                activations,
+                overhead: l.overhead_bytes,
+                total,
+                act_attention,
+                act_mlp,
+                act_norm,
+                act_embedding,
+                act_logits,
+                act_checkpoints,
+                act_working,
+                stage: stage as f64,
+            };
+        }
+    }
+    Ok(best)
+}

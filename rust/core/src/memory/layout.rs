@@ -1,0 +1,295 @@
+//! The per-configuration inputs of an estimate and the reasons a configuration is invalid.
+//!
+//! Every field is an `f64` so that a grid can broadcast any of them; integer fields are
+//! checked to hold whole numbers. Names and order are part of the binding contract
+//! ([`LAYOUT_FIELDS`]).
+
+/// Names of the layout fields, in the order [`Layout::from_values`] reads them.
+pub const LAYOUT_FIELDS: [&str; 23] = [
+    "seq_len",
+    "micro_batch",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "vpp",
+    "zero",
+    "sequence_parallel",
+    "recompute",
+    "grad_accum_steps",
+    "param_bytes",
+    "grad_bytes",
+    "grad_buffer_bytes",
+    "master_bytes",
+    "optimizer_state_bytes",
+    "activation_bytes",
+    "logits_bytes",
+    "activation_model",
+    "attention",
+    "fused_swiglu",
+    "overhead_bytes",
+];
+
+/// Number of layout fields.
+pub const N_LAYOUT_FIELDS: usize = LAYOUT_FIELDS.len();
+
+/// Activation recomputation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recompute {
+    None,
+    Selective,
+    Full,
+}
+
+/// Which activation formula to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationModel {
+    /// Today's blocks, tensor by tensor (see `estimate.rs`).
+    Modern,
+    /// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models".
+    Korthikanti,
+}
+
+/// One configuration: parallel layout, batch shape, precisions and modelling options.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Layout {
+    pub seq_len: f64,
+    pub micro_batch: f64,
+    pub dp: f64,
+    pub tp: f64,
+    pub pp: f64,
+    pub cp: f64,
+    pub ep: f64,
+    /// Virtual pipeline stages (model chunks) per rank; 1 is plain 1F1B.
+    pub vpp: f64,
+    pub zero: f64,
+    pub sequence_parallel: f64,
+    /// 0 none, 1 selective, 2 full.
+    pub recompute: f64,
+    /// Micro-batches per optimizer step; 0 means enough to fill the pipeline.
+    pub grad_accum_steps: f64,
+    pub param_bytes: f64,
+    pub grad_bytes: f64,
+    /// An extra gradient accumulation buffer per parameter (4 for fp32 accumulation).
+    pub grad_buffer_bytes: f64,
+    /// Master weights kept by the optimizer (4 for fp32 master weights).
+    pub master_bytes: f64,
+    /// All optimizer moments per parameter (8 for AdamW in fp32).
+    pub optimizer_state_bytes: f64,
+    pub activation_bytes: f64,
+    pub logits_bytes: f64,
+    /// 0 modern, 1 korthikanti.
+    pub activation_model: f64,
+    /// 0 flash (no s x s scores kept), 1 eager (softmax probabilities kept).
+    pub attention: f64,
+    /// 1 when the SwiGLU product is a fused kernel that saves only its two inputs.
+    pub fused_swiglu: f64,
+    /// Constant bytes added to every GPU (CUDA context, communication buffers...).
+    pub overhead_bytes: f64,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout {
+            seq_len: 4096.0,
+            micro_batch: 1.0,
+            dp: 1.0,
+            tp: 1.0,
+            pp: 1.0,
+            cp: 1.0,
+            ep: 1.0,
+            vpp: 1.0,
+            zero: 0.0,
+            sequence_parallel: 0.0,
+            recompute: 0.0,
+            grad_accum_steps: 0.0,
+            param_bytes: 2.0,
+            grad_bytes: 2.0,
+            grad_buffer_bytes: 0.0,
+            master_bytes: 4.0,
+            optimizer_state_bytes: 8.0,
+            activation_bytes: 2.0,
+            logits_bytes: 4.0,
+            activation_model: 0.0,
+            attention: 0.0,
+            fused_swiglu: 0.0,
+            overhead_bytes: 0.0,
+        }
+    }
+}
+
+impl Layout {
+    /// Build a layout from values in [`LAYOUT_FIELDS`] order.
+    pub fn from_values(v: &[f64; N_LAYOUT_FIELDS]) -> Self {
+        Layout {
+            seq_len: v[0],
+            micro_batch: v[1],
+            dp: v[2],
+            tp: v[3],
+            pp: v[4],
+            cp: v[5],
+            ep: v[6],
+            vpp: v[7],
+            zero: v[8],
+            sequence_parallel: v[9],
+            recompute: v[10],
+            grad_accum_steps: v[11],
+            param_bytes: v[12],
+            grad_bytes: v[13],
+            grad_buffer_bytes: v[14],
+            master_bytes: v[15],
+            optimizer_state_bytes: v[16],
+            activation_bytes: v[17],
+            logits_bytes: v[18],
+            activation_model: v[19],
+            attention: v[20],
+            fused_swiglu: v[21],
+            overhead_bytes: v[22],
+        }
+    }
+
+    /// The values in [`LAYOUT_FIELDS`] order.
+    pub fn to_values(&self) -> [f64; N_LAYOUT_FIELDS] {
+        [
+            self.seq_len,
+            self.micro_batch,
+            self.dp,
+            self.tp,
+            self.pp,
+            self.cp,
+            self.ep,
+            self.vpp,
+            self.zero,
+            self.sequence_parallel,
+            self.recompute,
+            self.grad_accum_steps,
+            self.param_bytes,
+            self.grad_bytes,
+            self.grad_buffer_bytes,
+            self.master_bytes,
+            self.optimizer_state_bytes,
+            self.activation_bytes,
+            self.logits_bytes,
+            self.activation_model,
+            self.attention,
+            self.fused_swiglu,
+            self.overhead_bytes,
+        ]
+    }
+
+    pub fn recompute_mode(&self) -> Recompute {
+        match self.recompute as u8 {
+            1 => Recompute::Selective,
+            2 => Recompute::Full,
+            _ => Recompute::None,
+        }
+    }
+
+    pub fn activation_model_kind(&self) -> ActivationModel {
+        if self.activation_model == 1.0 {
+            ActivationModel::Korthikanti
+        } else {
+            ActivationModel::Modern
+        }
+    }
+}
+
+/// Why a configuration cannot be estimated. The discriminant is the code a grid reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Invalid {
+    SeqLen = 1,
+    MicroBatch,
+    Dp,
+    Tp,
+    Pp,
+    Cp,
+    Ep,
+    Vpp,
+    Zero,
+    SequenceParallel,
+    Recompute,
+    GradAccumSteps,
+    Bytes,
+    ActivationModel,
+    Attention,
+    FusedSwiglu,
+    TpHeads,
+    TpKvHeads,
+    TpFfn,
+    PpLayers,
+    EpExperts,
+    EpDense,
+    EpDpCp,
+    CpSeqLen,
+}
+
+/// Every invalid reason, in code order (code = index + 1).
+pub const INVALID_REASONS: [Invalid; 24] = [
+    Invalid::SeqLen,
+    Invalid::MicroBatch,
+    Invalid::Dp,
+    Invalid::Tp,
+    Invalid::Pp,
+    Invalid::Cp,
+    Invalid::Ep,
+    Invalid::Vpp,
+    Invalid::Zero,
+    Invalid::SequenceParallel,
+    Invalid::Recompute,
+    Invalid::GradAccumSteps,
+    Invalid::Bytes,
+    Invalid::ActivationModel,
+    Invalid::Attention,
+    Invalid::FusedSwiglu,
+    Invalid::TpHeads,
+    Invalid::TpKvHeads,
+    Invalid::TpFfn,
+    Invalid::PpLayers,
+    Invalid::EpExperts,
+    Invalid::EpDense,
+    Invalid::EpDpCp,
+    Invalid::CpSeqLen,
+];
+
+impl Invalid {
+    /// The code stored in a grid's `reason` column (0 means valid).
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// A message naming the parameter at fault.
+    pub fn message(self) -> &'static str {
+        match self {
+            Invalid::SeqLen => "seq_len must be a positive integer",
+            Invalid::MicroBatch => "micro_batch must be a positive integer",
+            Invalid::Dp => "dp must be a positive integer",
+            Invalid::Tp => "tp must be a positive integer",
+            Invalid::Pp => "pp must be a positive integer",
+            Invalid::Cp => "cp must be a positive integer",
+            Invalid::Ep => "ep must be a positive integer",
+            Invalid::Vpp => "vpp must be a positive integer (1 unless pp > 1)",
+            Invalid::Zero => "zero must be 0, 1, 2 or 3",
+            Invalid::SequenceParallel => "sequence_parallel must be a boolean",
+            Invalid::Recompute => "recompute must be 'none', 'selective' or 'full'",
+            Invalid::GradAccumSteps => {
+                "grad_accum_steps must be a non-negative integer (0 or None: fills the pipeline)"
+            }
+            Invalid::Bytes => {
+                "byte sizes (dtypes, optimizer states, overhead_bytes) must be finite and non-negative"
+            }
+            Invalid::ActivationModel => "activation_model must be 'modern' or 'korthikanti'",
+            Invalid::Attention => "attention must be 'flash' or 'eager'",
+            Invalid::FusedSwiglu => "fused_swiglu must be a boolean",
+            Invalid::TpHeads => "tp must divide num_heads",
+            Invalid::TpKvHeads => "tp must divide num_kv_heads or be a multiple of it",
+            Invalid::TpFfn => "tp must divide ffn_size (and moe_ffn_size)",
+            Invalid::PpLayers => "pp * vpp must divide num_layers",
+            Invalid::EpExperts => "ep must divide num_experts",
+            Invalid::EpDense => "ep must be 1 for a dense model",
+            Invalid::EpDpCp => "ep must divide dp * cp (experts are sharded inside the data-parallel group)",
+            Invalid::CpSeqLen => "cp must divide seq_len",
+        }
+    }
+}

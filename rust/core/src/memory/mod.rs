@@ -1,0 +1,20 @@
+//! Memory estimation for LLM training: per-GPU bytes of weights, gradients, optimizer
+//! state and activations for a model and a parallel layout, one configuration or a
+//! broadcast grid of millions.
+//!
+//! Formulas and their sources are documented in [`estimate`]; parameter counts in [`spec`].
+
+pub mod estimate;
+pub mod grid;
+pub mod layout;
+pub mod spec;
+
+pub use estimate::{validate, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS};
+pub use grid::{estimate_grid, estimate_one, GridInput};
+pub use layout::{
+    ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
+};
+pub use spec::{FfnType, LayerParams, ModelSpec, NormType};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,364 @@
+"""Memory estimates: exact parameter counts, published figures, grids, planner, CLI."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tokenbatch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenbatch import (
+    InvalidTypeError,
+    InvalidValueError,
+    ModelSpec,
+    estimate_memory,
+    estimate_memory_grid,
+    max_micro_batch_tokens,
+    plan,
+)
+from tokenbatch.cli import main
+from tokenbatch.cli.memory_command import parse_size
+
+GIB = 1024**3
+LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [
+        ("llama-3.1-8b", 8_030_261_248, 8_030_261_248),
+        ("llama-3.1-70b", 70_553_706_496, 70_553_706_496),
+        ("llama-3.1-405b", 405_853_388_800, 405_853_388_800),
+        ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),
+        ("qwen2.5-7b", 7_615_616_512, 7_615_616_512),
+        ("deepseek-v3", 671_026_419_200, 37_552_297_472),
+        ("gpt3-175b", 174_604_259_328, 174_604_259_328),
+    ],
+)
+def test_preset_parameter_counts_are_exact(name: str, total: int, active: int) -> None:
+    spec = ModelSpec.preset(name)
+    assert spec.num_params() == total
+    assert spec.num_active_params() == active
+
+
+LLAMA_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+
+def test_from_hf_config_reads_dicts_files_and_directories(tmp_path: Path) -> None:
+    assert ModelSpec.from_hf_config(LLAMA_CONFIG).num_params() == 8_030_261_248
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    assert ModelSpec.from_hf_config(tmp_path).num_params() == 8_030_261_248
+    assert ModelSpec.from_hf_config(tmp_path / "config.json").name == tmp_path.name
+    mixtral = {**LLAMA_CONFIG, "model_type": "mixtral", "vocab_size": 32000}
+    mixtral |= {"num_local_experts": 8, "num_experts_per_tok": 2}
+    assert ModelSpec.from_hf_config(mixtral).num_active_params() == 12_879_925_248
+    qwen = {
+        **LLAMA_CONFIG,
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+    }
+    assert ModelSpec.from_hf_config(qwen).num_params() == 7_615_616_512
+    deepseek = {
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": 129280,
+        "topk_method": "noaux_tc",
+    }
+    assert ModelSpec.from_hf_config(deepseek).num_params() == 671_026_419_200
+    with pytest.raises(InvalidValueError, match="model_type"):
+        ModelSpec.from_hf_config({**LLAMA_CONFIG, "model_type": "bert"})
+    incomplete = {k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"}
+    with pytest.raises(InvalidValueError, match="intermediate_size"):
+        ModelSpec.from_hf_config(incomplete)
+    with pytest.raises(InvalidValueError, match="no such file"):
+        ModelSpec.from_hf_config(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("recompute", "gib"), [("none", 9.2539), ("selective", 4.2539), ("full", 0.2539)]
+)
+def test_playbook_activation_memory(recompute: str, gib: float) -> None:
+    estimate = estimate_memory(
+        LLAMA_8B, seq_len=1024, recompute=recompute, activation_model="korthikanti"
+    )
+    assert estimate.activations / GIB == pytest.approx(gib, abs=5e-5)
+
+
+def test_bytes_per_parameter_table_and_zero_divisions() -> None:
+    n = LLAMA_8B.num_params()
+    base = estimate_memory(LLAMA_8B, seq_len=1024)
+    assert (base.params, base.grads, base.optimizer) == (2 * n, 2 * n, 12 * n)
+    assert estimate_memory(LLAMA_8B, seq_len=1024, fp32_grad_accum=True).model_states == 20 * n
+    assert estimate_memory(LLAMA_8B, seq_len=1024, param_dtype="fp32").model_states == 16 * n
+    d = 8
+    z = [estimate_memory(LLAMA_8B, seq_len=1024, dp=d, zero=k) for k in range(4)]
+    assert z[1].model_states == 2 * n + 2 * n + 12 * n // d
+    assert z[2].model_states == 2 * n + (2 * n) // d + (12 * n) // d
+    assert z[3].model_states == 16 * n // d
+    assert all(e.activations == base.activations for e in z)
+
+
+def test_explain_names_every_component() -> None:
+    estimate = estimate_memory(LLAMA_8B, seq_len=4096, dp=8, zero=1, recompute="full")
+    buffer = io.StringIO()
+    estimate.explain(file=buffer)
+    text = buffer.getvalue()
+    for word in ("params", "grads", "optimizer", "activations", "checkpoints", "ZeRO-1", "total"):
+        assert word in text
+    assert f"{estimate.total / GIB:.3f}" in text
+    assert sum(estimate.activation_parts.values()) == pytest.approx(estimate.activations, abs=8)
+
+
+def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
+    tp = np.array([1, 2, 3, 4])[:, None, None]
+    seq = np.array([1024, 4096])[None, :, None]
+    recompute = np.array(["none", "selective", "full"])
+    grid = estimate_memory_grid(LLAMA_8B, tp=tp, seq_len=seq, recompute=recompute, dp=8, zero=1)
+    assert grid.shape == (4, 2, 3)
+    assert grid.total.shape == (4, 2, 3)
+    assert not grid.valid[2].any()
+    assert set(grid.reasons()[2].ravel()) == {"tp must divide num_heads"}
+    assert np.isnan(grid.total[2]).all()
+    for i in (0, 1, 3):
+        for j in range(2):
+            for k in range(3):
+                one = estimate_memory(
+                    LLAMA_8B,
+                    seq_len=int(seq[0, j, 0]),
+                    tp=int(tp[i, 0, 0]),
+                    recompute=str(recompute[k]),
+                    dp=8,
+                    zero=1,
+                )
+                assert grid.total[i, j, k] == one.total
+                assert grid.activations[i, j, k] == one.activations
+    assert grid.fits(80e9).sum() > 0
+    with pytest.raises(ValueError, match="read-only"):
+        grid.total[0, 0, 0] = 1.0
+
+
+def test_grid_marks_each_invalid_cell_with_its_reason() -> None:
+    grid = estimate_memory_grid(
+        LLAMA_8B,
+        seq_len=[4096, 4096, 4096, 4096, 4096, -1, 4096],
+        pp=[1, 3, 1, 1, 1, 1, 1],
+        zero=[0, 0, 4, 0, 0, 0, 0],
+        dp=[1, 1, 1, math.nan, 1, 1, 1],
+        recompute=["none", "none", "none", "none", "bogus", "none", "none"],
+    )
+    assert grid.valid.tolist() == [True, False, False, False, False, False, True]
+    reasons = grid.reasons().tolist()
+    assert reasons[0] == ""
+    assert "pp" in reasons[1]
+    assert "zero" in reasons[2]
+    assert "dp" in reasons[3]
+    assert "recompute" in reasons[4]
+    assert "seq_len" in reasons[5]
+
+
+def test_moe_expert_parallel_and_pipeline_stage() -> None:
+    mixtral = ModelSpec.preset("mixtral-8x7b")
+    no_ep = estimate_memory(mixtral, seq_len=4096, dp=8)
+    ep8 = estimate_memory(mixtral, seq_len=4096, dp=8, ep=8)
+    expert_params = 32 * 8 * 3 * 4096 * 14336
+    assert no_ep.params - ep8.params == 2 * (expert_params - expert_params // 8)
+    pp = estimate_memory(LLAMA_8B, seq_len=4096, pp=4)
+    assert pp.stage == 0
+    assert pp.params < estimate_memory(LLAMA_8B, seq_len=4096).params / 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "options", "match"),
+    [
+        (LLAMA_8B, {"tp": 3}, "tp must divide num_heads"),
+        (LLAMA_8B, {"pp": 5}, "num_layers"),
+        (LLAMA_8B, {"zero": 4}, "zero"),
+        (LLAMA_8B, {"dp": -2}, "dp"),
+        (LLAMA_8B, {"micro_batch": math.nan}, "micro_batch"),
+        (LLAMA_8B, {"ep": 2}, "ep"),
+        (LLAMA_8B, {"recompute": "sometimes"}, "recompute"),
+        (LLAMA_8B, {"param_dtype": "fp64"}, "param_dtype"),
+    ],
+)
+def test_bad_layouts_raise_naming_the_parameter(
+    spec: ModelSpec, options: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(InvalidValueError, match=match):
+        estimate_memory(spec, seq_len=4096, **options)
+
+
+def test_bad_specs_and_arguments_raise() -> None:
+    with pytest.raises(InvalidValueError, match="num_heads=3 must divide hidden_size"):
+        ModelSpec(hidden_size=64, num_layers=2, num_heads=3, ffn_size=128, vocab_size=10)
+    with pytest.raises(InvalidValueError, match="num_kv_heads"):
+        ModelSpec(
+            hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=3, ffn_size=128, vocab_size=10
+        )
+    with pytest.raises(InvalidValueError, match="hidden_size"):
+        ModelSpec(hidden_size=-64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=10)
+    with pytest.raises(InvalidValueError, match="top_k"):
+        LLAMA_8B.replace(num_experts=4, top_k=5, moe_ffn_size=128)
+    with pytest.raises(InvalidValueError, match="unknown preset 'llama-9'"):
+        ModelSpec.preset("llama-9")
+    with pytest.raises(InvalidTypeError, match="scalar"):
+        estimate_memory(LLAMA_8B, seq_len=np.array([1, 2]))
+    with pytest.raises(InvalidTypeError, match="unknown option"):
+        estimate_memory(LLAMA_8B, seq_len=4096, tensor_parallel=2)
+    with pytest.raises(InvalidValueError, match="broadcast"):
+        estimate_memory_grid(LLAMA_8B, seq_len=[1, 2], tp=[1, 2, 4])
+
+
+def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
+    memory = 80e9
+    layout: dict[str, Any] = {"dp": 8, "zero": 1, "recompute": "selective"}
+    tokens = max_micro_batch_tokens(LLAMA_8B, memory, multiple_of=128, **layout)
+    assert tokens > 0
+    assert tokens % 128 == 0
+    assert estimate_memory(LLAMA_8B, seq_len=tokens, **layout).total <= memory
+    assert estimate_memory(LLAMA_8B, seq_len=tokens + 128, **layout).total > memory
+    assert max_micro_batch_tokens(LLAMA_8B, 1e9) == 0
+    with pytest.raises(InvalidTypeError, match="seq_len"):
+        max_micro_batch_tokens(LLAMA_8B, memory, seq_len=4096)
+
+
+def test_plan_ranks_plain_data_parallelism_first_for_a_small_model() -> None:
+    layouts = plan(
+        ModelSpec.preset("llama-3.2-1b"),
+        num_gpus=8,
+        gpu_memory=80e9,
+        seq_len=4096,
+        global_batch_tokens=4096 * 256,
+    )
+    best = layouts[0]
+    assert (best.dp, best.tp, best.pp, best.cp) == (8, 1, 1, 1)
+    assert best.recompute == "none"
+    assert best.dp * best.micro_batch * best.grad_accum_steps * 4096 == 4096 * 256
+    assert [x.step_time for x in layouts] == sorted(x.step_time for x in layouts)
+    assert all(x.memory <= 0.9 * 80e9 for x in layouts)
+    assert 0.0 < best.mfu < 0.6
+
+
+def test_plan_shards_a_big_model_and_keeps_tensor_parallel_in_the_node() -> None:
+    spec = ModelSpec.preset("llama-3.1-70b")
+    layouts = plan(
+        spec, num_gpus=64, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192 * 512, top=None
+    )
+    assert layouts
+    assert all(x.tp <= 8 for x in layouts)
+    best = layouts[0]
+    assert best.tp * best.pp > 1 or best.zero == 3
+    check = estimate_memory(spec, seq_len=8192, **best.layout())
+    assert check.total == best.memory
+    assert plan(spec, num_gpus=1, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192) == []
+    with pytest.raises(InvalidValueError, match="multiple of seq_len"):
+        plan(spec, num_gpus=8, gpu_memory=80e9, seq_len=8192, global_batch_tokens=1000)
+
+
+def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["memory", "llama-3.1-8b", "--dp", "8", "--zero", "1", "--gpu-memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer" in out
+    assert "fits in 74.5 GiB" in out
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_CONFIG))
+    assert main(["memory", str(config), "--seq-len", "1024", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total"] == estimate_memory(LLAMA_8B, seq_len=1024).total
+    assert main(["plan", "llama-3.2-1b", "--gpus", "8", "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:3] == ["rank", "dp", "tp"]
+    assert len([line for line in lines if line[:1].isdigit()]) == 3
+    assert main(["memory", "llama-3.1-8b", "--tp", "3"]) == 2
+    assert "tp must divide num_heads" in capsys.readouterr().err
+    assert main(["memory", "no-such-model"]) == 2
+
+
+def test_parse_size() -> None:
+    assert parse_size("80GB") == 80e9
+    assert parse_size("80GiB") == 80 * GIB
+    assert parse_size("4Mi") == 4 * 2**20
+    assert parse_size("1e9") == 1e9
+    with pytest.raises(InvalidValueError):
+        parse_size("lots")
+
+
+def test_public_names() -> None:
+    for name in (
+        "ModelSpec",
+        "MemoryEstimate",
+        "estimate_memory",
+        "estimate_memory_grid",
+        "max_micro_batch_tokens",
+        "plan",
+        "profile",
+    ):
+        assert name in tokenbatch.__all__
+
+
+layouts = st.fixed_dictionaries(
+    {
+        "seq_len": st.sampled_from([512, 2048, 8192]),
+        "micro_batch": st.integers(1, 4),
+        "dp": st.sampled_from([1, 2, 8]),
+        "tp": st.sampled_from([1, 2, 4, 8, 16]),
+        "pp": st.sampled_from([1, 2, 4, 3]),
+        "cp": st.sampled_from([1, 2]),
+        "zero": st.integers(0, 3),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "sequence_parallel": st.booleans(),
+        "activation_model": st.sampled_from(["modern", "korthikanti"]),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=layouts)
+def test_grid_cell_equals_scalar_and_more_tokens_cost_more(layout: dict[str, Any]) -> None:
+    grid = estimate_memory_grid(LLAMA_8B, **{k: [v] for k, v in layout.items()})
+    if not grid.valid[0]:
+        with pytest.raises(InvalidValueError, match=re.escape(str(grid.reasons()[0]))):
+            estimate_memory(LLAMA_8B, **layout)
+        return
+    one = estimate_memory(LLAMA_8B, **layout)
+    assert grid.valid[0]
+    assert grid.total[0] == one.total
+    assert one.total == one.params + one.grads + one.optimizer + one.activations
+    bigger = estimate_memory(LLAMA_8B, **{**layout, "micro_batch": layout["micro_batch"] + 1})
+    assert bigger.activations > one.activations
+    assert bigger.model_states == one.model_states

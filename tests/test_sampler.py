@@ -1,0 +1,430 @@
+"""TokenBudgetBatchSampler and the epoch plans under it: equal steps, exactly-once use,
+balance, exact resume, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenbatch import InvalidTypeError, InvalidValueError, OversizeError, batch_padded, pack
+from tokenbatch.datasets import example_lengths
+from tokenbatch.distribute import EpochPlan, mix_seed, plan_epoch
+from tokenbatch.torch import SegmentDataset, TokenBudgetBatchSampler
+from torch.utils.data import DataLoader
+
+
+def rank_batches(lengths: Any, max_tokens: int, num_replicas: int, **options: Any) -> list[Any]:
+    """Batches of every rank, each rank's sampler built independently (as on real ranks)."""
+    epoch = options.pop("epoch", 0)
+    result = []
+    for rank in range(num_replicas):
+        sampler = TokenBudgetBatchSampler(
+            lengths, max_tokens, num_replicas=num_replicas, rank=rank, **options
+        )
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        result.append(batches)
+    return result
+
+
+def batch_cost(batch: list[int], lengths: list[int], mode: str) -> int:
+    sizes = [lengths[i] for i in batch]
+    return len(sizes) * max(sizes) if mode == "padded" else sum(sizes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), max_size=120),
+    max_tokens=st.integers(40, 100),
+    num_replicas=st.integers(1, 6),
+    mode=st.sampled_from(["packed", "padded"]),
+    algorithm=st.sampled_from(["bfd", "ffd", "next_fit", "first_fit_shuffled"]),
+    balance=st.sampled_from(["attention", "tokens", None]),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 5),
+)
+def test_every_sequence_once_and_equal_steps(
+    lengths: list[int],
+    max_tokens: int,
+    num_replicas: int,
+    mode: str,
+    algorithm: str,
+    balance: str | None,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+) -> None:
+    options = {
+        "mode": mode,
+        "algorithm": algorithm,
+        "balance": balance,
+        "shuffle": shuffle,
+        "seed": seed,
+        "epoch": epoch,
+    }
+    packings = [
+        batch_padded(lengths, max_tokens)
+        if mode == "padded"
+        else pack(
+            lengths,
+            max_tokens,
+            algorithm=algorithm,  # type: ignore[arg-type]
+            seed=mix_seed(seed, e) if algorithm == "first_fit_shuffled" and shuffle else seed,
+        )
+        for e in (0, epoch)
+    ]
+    if any(len(lengths) < -(-len(p) // num_replicas) * num_replicas for p in packings):
+        # Fewer sequences than an equal number of non-empty bins per rank needs.
+        with pytest.raises(InvalidValueError, match="drop_last=True"):
+            rank_batches(lengths, max_tokens, num_replicas, **options)
+        return
+    per_rank = rank_batches(lengths, max_tokens, num_replicas, **options)
+    steps = {len(batches) for batches in per_rank}
+    assert len(steps) == 1, f"ranks got different numbers of steps: {steps}"
+    used = [i for batches in per_rank for batch in batches for i in batch]
+    assert sorted(used) == list(range(len(lengths)))
+    for batches in per_rank:
+        for batch in batches:
+            assert batch, "empty batch"
+            assert batch_cost(batch, lengths, mode) <= max_tokens
+            assert all(type(i) is int for i in batch)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=100),
+    num_replicas=st.integers(2, 8),
+    seed=st.integers(0, 1000),
+)
+def test_drop_last_reports_what_it_leaves_out(
+    lengths: list[int], num_replicas: int, seed: int
+) -> None:
+    sampler = TokenBudgetBatchSampler(
+        lengths, 60, num_replicas=num_replicas, rank=0, drop_last=True, seed=seed
+    )
+    per_rank = rank_batches(lengths, 60, num_replicas, drop_last=True, seed=seed)
+    used = [i for batches in per_rank for batch in batches for i in batch]
+    assert len(used) == len(set(used))
+    stats = sampler.stats()
+    n_bins = len(pack(lengths, 60))
+    assert stats["dropped_bins"] == n_bins % num_replicas
+    assert stats["dropped_seqs"] == len(lengths) - len(used)
+    assert stats["drop_last_tokens"] == sum(lengths) - sum(lengths[i] for i in used)
+    assert stats["split_bins"] == 0
+
+
+def test_bins_are_split_rather_than_dropped() -> None:
+    lengths = [30] * 6 + [10] * 3  # bfd: 3 full bins of two 30s + one bin of three 10s
+    sampler = TokenBudgetBatchSampler(lengths, 60, num_replicas=3, rank=0)
+    stats = sampler.stats()
+    assert len(pack(lengths, 60)) == 4
+    assert stats["n_bins"] == 6
+    assert stats["split_bins"] == 2
+    assert stats["n_steps"] == 2
+    assert stats["dropped_seqs"] == 0
+    per_rank = rank_batches(lengths, 60, 3)
+    assert sorted(i for batches in per_rank for b in batches for i in b) == list(range(9))
+
+
+def test_too_few_sequences_raise_at_construction_not_in_a_collective() -> None:
+    lengths = [100, 100, 100]  # three single-sequence bins, two ranks
+    with pytest.raises(InvalidValueError, match=r"num_replicas=2.*drop_last=True"):
+        TokenBudgetBatchSampler(lengths, 100, num_replicas=2, rank=0)
+    sampler = TokenBudgetBatchSampler(lengths, 100, num_replicas=2, rank=1, drop_last=True)
+    assert len(sampler) == 1
+    assert sampler.stats()["dropped_seqs"] == 1
+
+
+def test_fewer_bins_than_ranks_are_split_across_ranks() -> None:
+    lengths = [3] * 8  # one bin of 24 tokens, four ranks
+    per_rank = rank_batches(lengths, 64, 4)
+    assert [len(batches) for batches in per_rank] == [1, 1, 1, 1]
+    assert sorted(len(batches[0]) for batches in per_rank) == [2, 2, 2, 2]
+
+
+def test_set_epoch_changes_order_but_bfd_keeps_compositions() -> None:
+    lengths = example_lengths("chat", 3000, max_length=2048, seed=1)
+    first = rank_batches(lengths, 4096, 2, epoch=0)
+    second = rank_batches(lengths, 4096, 2, epoch=1)
+    assert first != second
+    compositions = [{frozenset(b) for batches in run for b in batches} for run in (first, second)]
+    assert compositions[0] == compositions[1]
+    again = rank_batches(lengths, 4096, 2, epoch=0)
+    assert again == first
+
+
+def test_first_fit_shuffled_changes_compositions_between_epochs() -> None:
+    lengths = example_lengths("chat", 3000, max_length=2048, seed=1)
+    runs = [rank_batches(lengths, 4096, 2, epoch=e, algorithm="first_fit_shuffled") for e in (0, 1)]
+    compositions = [{frozenset(b) for batches in run for b in batches} for run in runs]
+    assert compositions[0] != compositions[1]
+
+
+def test_shuffle_false_is_the_same_every_epoch() -> None:
+    lengths = example_lengths("lognormal", 2000, max_length=4096, seed=2)
+    runs = [rank_batches(lengths, 8192, 2, epoch=e, shuffle=False) for e in (0, 3)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("mode", ["packed", "padded"])
+def test_attention_balance_beats_plain_order(mode: str) -> None:
+    lengths = example_lengths("documents", 20_000, max_length=8192, seed=0)
+    stats = {
+        balance: TokenBudgetBatchSampler(
+            lengths, 8192, mode=mode, num_replicas=8, rank=0, balance=balance
+        ).stats()
+        for balance in ("attention", "tokens", None)
+    }
+    assert stats["attention"]["attention_sync_overhead"] < 1.05
+    assert stats[None]["attention_sync_overhead"] > 1.3
+    assert stats["tokens"]["tokens_sync_overhead"] <= stats[None]["tokens_sync_overhead"]
+    for values in stats.values():
+        assert values["attention_imbalance_max"] >= values["attention_imbalance_mean"] >= 1.0
+
+
+def test_stats_imbalance_matches_a_direct_computation() -> None:
+    lengths = example_lengths("chat", 500, max_length=1024, seed=3)
+    sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=4, rank=0)
+    plan = sampler.plan()
+    table = np.zeros((plan.n_steps, 4))
+    for rank in range(4):
+        for step, batch in enumerate(plan.batches(rank)):
+            table[step, rank] = sum(int(lengths[i]) ** 2 for i in batch)
+    ratio = table.max(axis=1) / table.mean(axis=1)
+    stats = sampler.stats()
+    assert stats["attention_imbalance_max"] == pytest.approx(ratio.max())
+    assert stats["attention_imbalance_mean"] == pytest.approx(ratio.mean())
+    overhead = table.max(axis=1).sum() / table.mean(axis=1).sum()
+    assert stats["attention_sync_overhead"] == pytest.approx(overhead)
+
+
+def test_plan_is_a_pure_function_of_its_inputs() -> None:
+    lengths = example_lengths("lognormal", 5000, max_length=4096, seed=4)
+    packing = pack(lengths, 8192)
+    a = plan_epoch(packing, 8, epoch=2, seed=7)
+    b = plan_epoch(packing, 8, epoch=2, seed=7)
+    c = plan_epoch(packing, 8, epoch=3, seed=7)
+    assert isinstance(a, EpochPlan)
+    np.testing.assert_array_equal(a.steps, b.steps)
+    assert not np.array_equal(a.steps, c.steps)
+    assert sorted(a.steps.ravel().tolist()) == list(range(a.steps.size))
+
+
+def test_mix_seed_matches_the_rust_core_stream() -> None:
+    # Values of rng::mix_seed in the Rust core, so plans agree with Rust-side planning.
+    assert mix_seed(5, 9) == 5434140380092166035
+    assert mix_seed(0, 0) != mix_seed(0, 1)
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+def test_resume_mid_epoch_gives_the_remaining_batches() -> None:
+    lengths = example_lengths("chat", 1500, max_length=2048, seed=5)
+    for rank in range(3):
+        full = TokenBudgetBatchSampler(lengths, 4096, num_replicas=3, rank=rank, seed=11)
+        full.set_epoch(2)
+        expected = list(full)
+        for stop in (0, 1, len(expected) // 2, len(expected)):
+            first = TokenBudgetBatchSampler(lengths, 4096, num_replicas=3, rank=0, seed=11)
+            first.set_epoch(2)
+            iterator = iter(first)
+            for _ in range(stop):
+                next(iterator)
+            state = first.state_dict()  # rank 0's state serves every rank
+            assert state["epoch"] == 2
+            assert state["step"] == stop
+            resumed = TokenBudgetBatchSampler(lengths, 4096, num_replicas=3, rank=rank, seed=11)
+            resumed.load_state_dict(state)
+            resumed.set_epoch(2)  # the usual loop calls it again: the position is kept
+            assert list(resumed) == expected[stop:]
+            resumed.set_epoch(3)
+            full.set_epoch(3)
+            assert list(resumed) == list(full)
+            full.set_epoch(2)
+
+
+def test_resume_with_dataloader_workers_counts_consumed_batches() -> None:
+    lengths = example_lengths("chat", 800, max_length=1024, seed=6).tolist()
+    dataset = list(range(len(lengths)))
+
+    def loader_for(sampler: TokenBudgetBatchSampler) -> DataLoader[Any]:
+        return DataLoader(
+            dataset, batch_sampler=sampler, collate_fn=list, num_workers=2, prefetch_factor=2
+        )
+
+    sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, rank=1, dataset=dataset)
+    expected = list(loader_for(sampler))
+    interrupted = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, rank=1)
+    iterator = iter(loader_for(interrupted))
+    taken = [next(iterator) for _ in range(5)]
+    assert taken == expected[:5]
+    # Workers fetch ahead, so the sampler has yielded more than the loop has taken.
+    assert interrupted.state_dict()["step"] > 5
+    state = interrupted.state_dict(consumed_batches=5)
+    del iterator
+    resumed = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, rank=1)
+    resumed.load_state_dict(state)
+    assert list(loader_for(resumed)) == expected[5:]
+
+
+def test_consumed_batches_counts_from_the_resumed_iteration() -> None:
+    lengths = example_lengths("chat", 600, max_length=1024, seed=7)
+    expected = list(TokenBudgetBatchSampler(lengths, 2048))
+    sampler = TokenBudgetBatchSampler(lengths, 2048)
+    sampler.load_state_dict({**sampler.state_dict(), "step": 3})
+    iterator = iter(sampler)
+    next(iterator), next(iterator)
+    state = sampler.state_dict(consumed_batches=1)
+    assert state["step"] == 4
+    with pytest.raises(InvalidValueError, match="consumed_batches=3"):
+        sampler.state_dict(consumed_batches=3)
+    again = TokenBudgetBatchSampler(lengths, 2048)
+    again.load_state_dict(state)
+    assert list(again) == expected[4:]
+
+
+def test_state_dict_from_another_dataset_or_config_is_refused() -> None:
+    lengths = example_lengths("chat", 400, max_length=1024, seed=8)
+    state = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, rank=0).state_dict()
+    with pytest.raises(InvalidValueError, match="num_replicas=2"):
+        TokenBudgetBatchSampler(lengths, 2048, num_replicas=4, rank=0).load_state_dict(state)
+    with pytest.raises(InvalidValueError, match="seed=0"):
+        TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, seed=1).load_state_dict(state)
+    with pytest.raises(InvalidValueError, match="400 sequences"):
+        TokenBudgetBatchSampler(lengths[:-1], 2048, num_replicas=2).load_state_dict(state)
+    changed = lengths.copy()
+    changed[17] += 1
+    with pytest.raises(InvalidValueError, match="fingerprint"):
+        TokenBudgetBatchSampler(changed, 2048, num_replicas=2).load_state_dict(state)
+    sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2)
+    with pytest.raises(InvalidValueError, match="beyond"):
+        sampler.load_state_dict({**state, "step": len(sampler) + 1})
+    with pytest.raises(InvalidValueError, match="not a TokenBudgetBatchSampler state"):
+        sampler.load_state_dict({"epoch": 0})
+    with pytest.raises(InvalidTypeError):
+        sampler.load_state_dict([1, 2])  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_arguments_raise_clear_errors() -> None:
+    lengths = [5, 6, 7]
+    with pytest.raises(InvalidValueError, match="rank must be in"):
+        TokenBudgetBatchSampler(lengths, 16, num_replicas=2, rank=2)
+    with pytest.raises(InvalidValueError, match="rank must be at least 0"):
+        TokenBudgetBatchSampler(lengths, 16, num_replicas=2, rank=-1)
+    with pytest.raises(InvalidValueError, match="3 entries but the dataset has 4"):
+        TokenBudgetBatchSampler(lengths, 16, dataset=[0, 1, 2, 3])
+    with pytest.raises(OversizeError, match="sequence 2 has 7 tokens"):
+        TokenBudgetBatchSampler(lengths, 6)
+    with pytest.raises(InvalidValueError, match="mode must be one of"):
+        TokenBudgetBatchSampler(lengths, 16, mode="packd")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="algorithm"):
+        TokenBudgetBatchSampler(lengths, 16, mode="padded", algorithm="best")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="balance"):
+        TokenBudgetBatchSampler(lengths, 16, balance="flops")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="shuffle must be a bool"):
+        TokenBudgetBatchSampler(lengths, 16, shuffle="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="lengths must hold integers"):
+        TokenBudgetBatchSampler([1.5, 2.0], 16)
+    with pytest.raises(InvalidValueError, match="max_tokens must be at least 1"):
+        TokenBudgetBatchSampler(lengths, 0)
+
+
+def test_empty_dataset_has_no_steps() -> None:
+    sampler = TokenBudgetBatchSampler([], 16, num_replicas=4, rank=3)
+    assert len(sampler) == 0
+    assert list(sampler) == []
+    assert sampler.stats()["n_steps"] == 0
+
+
+def test_lengths_are_copied_so_later_changes_cannot_desynchronize_ranks() -> None:
+    lengths = np.array([5, 6, 7, 8], dtype=np.int64)
+    sampler = TokenBudgetBatchSampler(lengths, 16, shuffle=False)
+    before = list(sampler)
+    lengths[:] = 16
+    assert list(sampler) == before
+
+
+def test_defaults_follow_the_initialized_process_group() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        sampler = TokenBudgetBatchSampler([3, 4, 5], 8)
+        assert (sampler.num_replicas, sampler.rank) == (1, 0)
+    finally:
+        dist.destroy_process_group()
+    alone = TokenBudgetBatchSampler([3, 4, 5], 8, num_replicas=3)
+    assert (alone.num_replicas, alone.rank) == (3, 0)
+
+
+# ------------------------------------------------------------------ split and truncate
+
+
+def test_split_sequences_are_served_whole_across_ranks() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 300, size=60)
+    dataset = [
+        {"input_ids": np.arange(n) + 1000 * i, "labels": -np.arange(n)}
+        for i, n in enumerate(lengths.tolist())
+    ]
+    wrapped = SegmentDataset(dataset)
+    pieces: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for rank in range(3):
+        sampler = TokenBudgetBatchSampler(
+            lengths, 128, oversize="split", num_replicas=3, rank=rank, dataset=wrapped
+        )
+        assert sampler.yields_segments
+        loader = DataLoader(wrapped, batch_sampler=sampler, collate_fn=list)
+        for batch in loader:
+            assert sum(len(item["input_ids"]) for item in batch) <= 128
+            for item in batch:
+                assert len(item["labels"]) == len(item["input_ids"])
+                index = int(item["input_ids"][0]) // 1000
+                pieces.setdefault(index, []).append((int(item["input_ids"][0]), item["input_ids"]))
+    assert sorted(pieces) == list(range(60))
+    for index, parts in pieces.items():
+        joined = np.concatenate([tokens for _, tokens in sorted(parts, key=lambda p: p[0])])
+        np.testing.assert_array_equal(joined, np.arange(lengths[index]) + 1000 * index)
+
+
+def test_truncate_yields_the_first_tokens() -> None:
+    sampler = TokenBudgetBatchSampler([10, 3], 8, oversize="truncate", shuffle=False)
+    segments = sorted(segment for batch in sampler for segment in batch)
+    assert segments == [(0, 0, 8), (1, 0, 3)]
+    item = SegmentDataset([list(range(10)), [7, 7, 7]])[(0, 0, 8)]
+    assert item == list(range(8))
+
+
+def test_segment_dataset_detects_lengths_that_do_not_match() -> None:
+    wrapped = SegmentDataset([{"input_ids": [1, 2, 3], "id": "a"}])
+    assert wrapped[0] == {"input_ids": [1, 2, 3], "id": "a"}
+    assert wrapped[(0, 1, 2)] == {"input_ids": [2, 3], "id": "a"}
+    with pytest.raises(InvalidValueError, match="item 0 has 3 input_ids tokens"):
+        wrapped[(0, 2, 5)]
+    with pytest.raises(InvalidTypeError):
+        SegmentDataset([], keys="input_ids")
+
+
+def test_sampler_drives_a_dataloader_with_torch_tensors() -> None:
+    lengths = [4, 9, 2, 7, 5, 1]
+    dataset = [torch.arange(n) for n in lengths]
+    sampler = TokenBudgetBatchSampler(lengths, 10, mode="padded", dataset=dataset)
+    seen = Counter[int]()
+    for batch in DataLoader(dataset, batch_sampler=sampler, collate_fn=list):
+        assert len(batch) * max(len(t) for t in batch) <= 10
+        seen.update(len(t) for t in batch)
+    assert seen == Counter(lengths)

@@ -1,0 +1,180 @@
+"""Scaling laws: the three-term law, its fit, published laws and recommendations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import tokenbatch
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.scaling import (
+    ExtrapolationWarning,
+    ThreeTermLaw,
+    deepseek_llm,
+    kaplan_critical_batch,
+    mccandlish_tradeoff,
+    recommend,
+    step_law,
+)
+from tokenbatch.schedule import LinearRamp
+
+TRUE = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
+
+_F = npt.NDArray[np.float64]
+
+
+def _grid() -> tuple[_F, _F, _F]:
+    """Runs at 4 model sizes x 8 batch sizes (most of them suboptimal) x 4 step counts."""
+    n, m, k = np.meshgrid(
+        [5e7, 1.5e8, 5e8, 1.5e9], 2.0 ** np.arange(15, 23), [500, 2000, 8000, 32000], indexing="ij"
+    )
+    return n.ravel(), m.ravel(), k.ravel()
+
+
+def test_optimal_batch_formula_and_optimality() -> None:
+    tokens = 1e11
+    best = TRUE.optimal_batch(tokens)
+    expected = (0.3 * 40 / (0.4 * 25)) ** (1 / 0.7) * tokens ** (0.4 / 0.7)
+    assert best == pytest.approx(expected)
+    # It minimises the loss over batch sizes at a fixed token budget.
+    batches = best * np.exp(np.linspace(-2, 2, 401))
+    losses = TRUE.loss(1e9, batches, tokens / batches)
+    assert batches[np.argmin(losses)] == pytest.approx(best, rel=0.011)
+
+
+def test_near_optimal_range_costs_exactly_the_extra_compute() -> None:
+    tokens = 1e11
+    low, high = TRUE.near_optimal_range(tokens, extra_compute=0.05)
+    best = TRUE.optimal_batch(tokens)
+    assert low < best < high
+    target = TRUE.loss(1e9, best, tokens / best)
+    floor = TRUE.E + TRUE.A / 1e9**TRUE.alpha
+    for batch in (low, high):
+        # Tokens a run at this batch needs to reach the optimal loss: 5% more.
+        steps = (TRUE.C / (target - floor - TRUE.B / batch**TRUE.beta)) ** (1 / TRUE.gamma)
+        assert batch * steps == pytest.approx(1.05 * tokens, rel=1e-6)
+    wider = TRUE.near_optimal_range(tokens, extra_compute=0.2)
+    assert wider[0] < low
+    assert wider[1] > high
+
+
+def test_critical_batch_and_minimum_steps_and_tokens() -> None:
+    n, tokens = 1e9, 1e11
+    best = TRUE.optimal_batch(tokens)
+    target = TRUE.loss(n, best, tokens / best)
+    # The token-optimal batch for the loss reached at D is the loss-optimal batch at D.
+    assert TRUE.min_tokens(target, n) == pytest.approx(tokens, rel=1e-9)
+    assert TRUE.min_tokens_batch(target, n) == pytest.approx(best, rel=1e-9)
+    s_min = TRUE.min_steps(target, n)
+    crit = TRUE.critical_batch(target, n)
+    assert crit == pytest.approx(tokens / s_min)
+    assert crit == pytest.approx(best * ((0.3 + 0.4) / 0.3) ** (1 / 0.4))
+    # Steps needed fall towards S_min as the batch grows.
+    huge = 1e13
+    steps_needed = (TRUE.C / (target - TRUE.loss(n, huge, 1e300))) ** (1 / TRUE.gamma)
+    assert steps_needed == pytest.approx(s_min, rel=0.05)
+    with pytest.raises(InvalidValueError, match=r"not reachable"):
+        TRUE.min_steps(1.5, n)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fit_recovers_the_optimal_batch_exponent(seed: int) -> None:
+    n, m, k = _grid()
+    rng = np.random.default_rng(seed)
+    loss = TRUE.loss(n, m, k) * np.exp(rng.normal(0.0, 0.002, n.size))
+    # A few runs diverged or were badly tuned: the Huber loss must shrug them off.
+    loss[rng.choice(n.size, 4, replace=False)] *= 1.3
+    fit = ThreeTermLaw.fit(n, m, k, loss)
+    assert fit.batch_exponent == pytest.approx(TRUE.batch_exponent, rel=0.02)
+    assert fit.optimal_batch(1e11) == pytest.approx(TRUE.optimal_batch(1e11), rel=0.15)
+    assert fit.fit_loss is not None
+
+
+def test_fit_is_exact_on_noiseless_data() -> None:
+    n, m, k = _grid()
+    fit = ThreeTermLaw.fit(n, m, k, TRUE.loss(n, m, k))
+    for name in ("E", "alpha", "beta", "gamma"):
+        assert getattr(fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-3), name
+
+
+def test_fit_refuses_too_few_runs_and_degenerate_data() -> None:
+    n, m, k = _grid()
+    loss = TRUE.loss(n, m, k)
+    with pytest.raises(InvalidValueError, match=r"at least 10 runs"):
+        ThreeTermLaw.fit(n[:5], m[:5], k[:5], loss[:5])
+    with pytest.raises(InvalidValueError, match=r"batch_tokens takes 1 distinct"):
+        ThreeTermLaw.fit(n, np.full_like(m, 2.0**20), k, loss)
+    with pytest.raises(InvalidValueError, match=r"same length"):
+        ThreeTermLaw.fit(n, m, k[:-1], loss)
+    bad = loss.copy()
+    bad[3] = -1.0
+    with pytest.raises(InvalidValueError, match=r"loss\[3\]"):
+        ThreeTermLaw.fit(n, m, k, bad)
+    bad[3] = np.nan
+    with pytest.raises(InvalidValueError, match=r"loss\[3\]"):
+        ThreeTermLaw.fit(n, m, k, bad)
+    with pytest.raises(InvalidTypeError):
+        ThreeTermLaw.fit(n, m, k, ["a"] * n.size)
+    with pytest.raises(InvalidValueError, match=r"gamma"):
+        ThreeTermLaw(E=1, A=1, alpha=0.3, B=1, beta=0.3, C=1, gamma=-0.1)
+
+
+def test_published_laws() -> None:
+    batch, lr = deepseek_llm(1e18)
+    assert batch == pytest.approx(0.2920 * 1e18**0.3271)
+    assert lr == pytest.approx(0.3118 * 1e18**-0.125)
+    batch, lr = step_law(5e8, 5e10)
+    assert batch == pytest.approx(0.58 * 5e10**0.571)
+    assert lr == pytest.approx(1.79 * 5e8**-0.713 * 5e10**0.307)
+    assert kaplan_critical_batch(3.0) == pytest.approx(2e8 / 3.0 ** (1 / 0.21))
+    steps_ratio, tokens_ratio = mccandlish_tradeoff(2**20, 2**22)
+    assert (steps_ratio - 1) * (tokens_ratio - 1) == pytest.approx(1.0)
+    assert mccandlish_tradeoff(5.0, 5.0) == (2.0, 2.0)
+
+
+def test_published_laws_warn_when_extrapolating() -> None:
+    with pytest.warns(ExtrapolationWarning, match=r"compute=1e\+24"):
+        deepseek_llm(1e24)
+    with pytest.warns(ExtrapolationWarning, match=r"n_params=7e\+10"):
+        step_law(7e10, 5e10)
+    with pytest.warns(ExtrapolationWarning, match=r"loss=1.5"):
+        kaplan_critical_batch(1.5)
+    with pytest.raises(InvalidValueError, match=r"compute"):
+        deepseek_llm(-1.0)
+
+
+def test_recommend_inside_the_fitted_range() -> None:
+    advice = recommend(5e8, 5 * 10**10, multiple_of=4096 * 8)
+    raw, lr = step_law(5e8, 5e10)
+    assert advice.raw_batch_tokens == pytest.approx(raw)
+    assert advice.batch_tokens % (4096 * 8) == 0
+    assert abs(advice.batch_tokens - raw) <= 4096 * 8 / 2
+    assert advice.learning_rate == pytest.approx(lr)
+    assert advice.steps == 5 * 10**10 // advice.batch_tokens
+    assert advice.extrapolation == []
+    assert isinstance(advice.ramp, LinearRamp)
+    assert advice.ramp.end == advice.batch_tokens
+    assert advice.ramp.start < advice.batch_tokens
+    assert advice.ramp.ramp_tokens == int(0.03 * 5 * 10**10)
+    assert "0.58 D^0.571" in advice.formula
+
+
+def test_recommend_warns_and_records_extrapolation() -> None:
+    with pytest.warns(ExtrapolationWarning) as caught:
+        advice = tokenbatch.scaling.recommend(7e10, 15 * 10**12, law="deepseek")
+    assert len(caught) == 1
+    assert advice.extrapolation
+    assert "compute" in advice.extrapolation[0]
+    assert advice.raw_batch_tokens == pytest.approx(0.2920 * (6 * 7e10 * 15e12) ** 0.3271)
+    assert math.isfinite(advice.learning_rate)
+
+
+def test_recommend_bad_input() -> None:
+    with pytest.raises(InvalidValueError, match=r"law must be"):
+        recommend(5e8, 10**10, law="chinchilla")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match=r"tokens must be at least 1"):
+        recommend(5e8, 0)
+    with pytest.raises(InvalidValueError, match=r"n_params"):
+        recommend(0, 10**10)

@@ -1,0 +1,94 @@
+"""``tokenbatch schedule`` on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenbatch.cli import main
+from tokenbatch.cli.schedule_command import parse_count, plot_schedule
+from tokenbatch.errors import InvalidValueError
+from tokenbatch.schedule import MegatronRampup, WarmupStableDecayLR, deepseek_v3_ramp
+
+
+def test_parse_count() -> None:
+    assert parse_count("469B") == 469_000_000_000
+    assert parse_count("14.8T") == 14_800_000_000_000
+    assert parse_count("4Mi") == 4 * 2**20
+    assert parse_count("3e9") == 3_000_000_000
+    assert parse_count("1_024") == 1024
+    for bad in ["1.5", "12Q", "abc", "-4"]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_count(bad)
+
+
+def test_preset_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["schedule", "--preset", "deepseek-v3", "--dp", "64", "--multiple-of", "64"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "preset deepseek-v3" in out
+    table = deepseek_v3_ramp(multiple_of=64).table(14_800_000_000_000, 4096, 64)
+    assert f"{len(table['batch_tokens']):,}" in out
+    assert "15,360" in out
+    assert "3,072" in out
+
+
+def test_megatron_json_matches_train_iters(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["schedule", "--megatron", "32", "32", "1000", "1024", "--seq-len", "2048"]
+    code = main([*args, "--total-tokens", str(100_000 * 2048), "--dp", "8", "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert summary["steps"] == MegatronRampup(32, 32, 1000, 1024).train_iters(100_000)
+    assert summary["first_batch_tokens"] == 32 * 2048
+    assert summary["final_batch_tokens"] == 1024 * 2048
+
+
+def test_every_step_with_lr_and_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_csv = tmp_path / "table.csv"
+    out_npz = tmp_path / "table.npz"
+    base = ["schedule", "--linear", "8Ki", "32Ki", "100Ki", "--micro-batch-tokens", "4Ki"]
+    base += ["--total-tokens", "1Mi", "--lr", "1e-3", "--lr-schedule", "wsd", "--steps"]
+    assert main([*base, "--output", str(out_csv)]) == 0
+    printed = capsys.readouterr().out
+    rows = np.loadtxt(out_csv, delimiter=",", skiprows=1)
+    assert rows.shape[1] == 5
+    assert rows[:, 1].sum() == rows[-1, 3]  # batch_tokens add up to the consumed tokens
+    assert np.all(rows[:, 1] % 4096 == 0)  # rounded to whole micro-batches by default
+    assert printed.count("\n") > rows.shape[0]  # every step printed
+    assert main([*base, "--output", str(out_npz)]) == 0
+    with np.load(out_npz) as data:
+        assert set(data.files) >= {"batch_tokens", "consumed_tokens", "lr"}
+        expected = WarmupStableDecayLR(1e-3, 2**20).lr_at(data["consumed_tokens"])
+        np.testing.assert_allclose(data["lr"], expected)
+
+
+def test_recommend_prints_law_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["schedule", "--recommend", "7B", "--total-tokens", "2T", "--dp", "128"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "Step Law" in captured.out
+    assert "ramp: LinearRamp" in captured.out
+    assert "outside the range the law was fitted on" in captured.err
+
+
+def test_errors_are_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["schedule", "--preset", "deepseek-v3", "--dp", "64"])
+    assert code == 2
+    assert "multiple_of=64 sequences" in capsys.readouterr().err
+    assert main(["schedule", "--linear", "8Ki", "16Ki", "100Ki"]) == 2
+    assert "--total-tokens is required" in capsys.readouterr().err
+    assert main(["schedule", "--recommend", "1B"]) == 2
+    assert "needs --total-tokens" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    table = deepseek_v3_ramp().table(10**12, 4096, 1)
+    with pytest.raises(InvalidValueError, match=r"tokenbatch\[plot\]"):
+        plot_schedule(table, None, tmp_path / "plot.png")
