@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 use tokenbatch_core::packing::{pack, PackOptions};
 use tokenbatch_core::rng::SplitMix64;
 
-fn main() {
+fn main() -> Result<(), tokenbatch_core::Error> {
     let n = 10_000_000usize;
     let mut rng = SplitMix64::new(1);
     let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
@@ -21,15 +21,16 @@ fn main() {
         algorithms
     };
     for algorithm in algorithms {
-        let options = PackOptions::new(8192, None, 1, "error", &algorithm, 0).unwrap();
+        let options = PackOptions::new(8192, None, 1, "error", &algorithm, 0)?;
         let mut best = Duration::MAX;
         let mut n_bins = 0;
         for _ in 0..5 {
             let start = Instant::now();
-            let packing = pack(&lengths, &options).unwrap();
+            let packing = pack(&lengths, &options)?;
             best = best.min(start.elapsed());
             n_bins = packing.n_bins();
         }
         println!("{algorithm}: best of 5 {best:?}, {n_bins} bins");
     }
+    Ok(())
 }

@@ -225,7 +225,9 @@ impl BestFitIndex {
 #[derive(Debug, Clone)]
 pub struct FirstFitIndex {
     leaves: usize,
-    tree: Vec<u64>,
+    /// `u32` halves the tree (it stays in cache longer); `remaining + 1` fits because
+    /// budgets are below `u32::MAX`.
+    tree: Vec<u32>,
     n_bins: usize,
 }
 
@@ -242,10 +244,14 @@ impl FirstFitIndex {
 
     fn set(&mut self, bin: usize, value: u64) {
         let mut node = bin + self.leaves;
-        self.tree[node] = value;
+        self.tree[node] = value as u32;
         while node > 1 {
             node /= 2;
-            self.tree[node] = self.tree[2 * node].max(self.tree[2 * node + 1]);
+            let max = self.tree[2 * node].max(self.tree[2 * node + 1]);
+            if self.tree[node] == max {
+                break; // ancestors already hold the right maximum
+            }
+            self.tree[node] = max;
         }
     }
 
@@ -277,18 +283,18 @@ impl FirstFitIndex {
     /// The lowest-numbered open bin with at least `need` remaining, and its remaining capacity.
     pub fn first_fit(&self, need: u64) -> Option<(u32, u64)> {
         let want = need + 1;
-        if self.tree[1] < want {
+        if u64::from(self.tree[1]) < want {
             return None;
         }
         let mut node = 1;
         while node < self.leaves {
-            node = if self.tree[2 * node] >= want {
+            node = if u64::from(self.tree[2 * node]) >= want {
                 2 * node
             } else {
                 2 * node + 1
             };
         }
-        Some(((node - self.leaves) as u32, self.tree[node] - 1))
+        Some(((node - self.leaves) as u32, u64::from(self.tree[node]) - 1))
     }
 }
 

@@ -4,9 +4,9 @@ use std::str::FromStr;
 
 use crate::error::{Error, Result};
 
-/// The largest token budget accepted: segment lengths are stored as `u32`, which keeps
-/// working memory near 12 bytes per sequence. No real micro-batch comes close.
-pub const MAX_TOKENS_LIMIT: u64 = u32::MAX as u64;
+/// The largest token budget accepted: segment lengths and remaining capacities (+1) are
+/// stored as `u32`, which keeps working memory small. No real micro-batch comes close.
+pub const MAX_TOKENS_LIMIT: u64 = u32::MAX as u64 - 1;
 
 /// How sequences are assigned to bins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
