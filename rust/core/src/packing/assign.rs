@@ -107,27 +107,16 @@ pub fn best_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> As
 
 /// First fit: each segment goes to the lowest-numbered open bin with room for it.
 pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
-    let capacity = options.max_tokens;
     let mut index = FirstFitIndex::new();
-    let mut counts: Vec<u64> = Vec::new();
     let mut bin_of = with_capacity_huge(n);
     for cost in costs {
-        let (bin, remaining) = match index.first_fit(cost) {
-            Some(found) => found,
-            None => {
-                counts.push(0);
-                (index.open(capacity), capacity)
-            }
-        };
-        let count = &mut counts[bin as usize];
-        *count += 1;
-        let still_open = *count < options.max_seqs;
-        index.update(bin, still_open.then_some(remaining - cost));
+        let (bin, remaining) = index.find_or_open(cost, options.max_tokens);
+        index.place(bin, 1, remaining - cost, options.max_seqs);
         bin_of.push(bin);
     }
     Assignment {
         bin_of,
-        n_bins: counts.len(),
+        n_bins: index.n_bins(),
     }
 }
 
@@ -137,33 +126,22 @@ pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptio
 /// segment of the run stays the lowest-numbered bin with room (every earlier bin had
 /// less than `cost` left), so it takes as many as fit in one step.
 pub fn first_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> Assignment {
-    let capacity = options.max_tokens;
     let mut index = FirstFitIndex::new();
-    let mut counts: Vec<u64> = Vec::new();
     let mut bin_of = with_capacity_huge(n);
     for &(cost, count) in runs {
         let mut left = u64::from(count);
         while left > 0 {
-            let (bin, remaining) = match index.first_fit(cost) {
-                Some(found) => found,
-                None => {
-                    counts.push(0);
-                    (index.open(capacity), capacity)
-                }
-            };
-            let count = &mut counts[bin as usize];
+            let (bin, remaining) = index.find_or_open(cost, options.max_tokens);
             let fits = remaining.checked_div(cost).unwrap_or(u64::MAX);
-            let take = left.min(fits).min(options.max_seqs - *count);
+            let take = left.min(fits).min(options.max_seqs - index.count(bin));
             bin_of.extend(std::iter::repeat_n(bin, take as usize));
             left -= take;
-            *count += take;
-            let still_open = *count < options.max_seqs;
-            index.update(bin, still_open.then_some(remaining - take * cost));
+            index.place(bin, take, remaining - take * cost, options.max_seqs);
         }
     }
     Assignment {
         bin_of,
-        n_bins: counts.len(),
+        n_bins: index.n_bins(),
     }
 }
 

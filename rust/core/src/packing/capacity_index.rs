@@ -229,6 +229,8 @@ pub struct FirstFitIndex {
     /// budgets are below `u32::MAX`.
     tree: Vec<u32>,
     n_bins: usize,
+    /// Segments in each bin.
+    counts: Vec<u64>,
 }
 
 impl FirstFitIndex {
@@ -239,6 +241,7 @@ impl FirstFitIndex {
             leaves,
             tree: vec![0; 2 * leaves],
             n_bins: 0,
+            counts: Vec::new(),
         }
     }
 
@@ -271,6 +274,7 @@ impl FirstFitIndex {
         }
         let bin = self.n_bins;
         self.n_bins += 1;
+        self.counts.push(0);
         self.set(bin, remaining + 1);
         bin as u32
     }
@@ -278,6 +282,32 @@ impl FirstFitIndex {
     /// Update a bin's remaining capacity, or close it (`None`).
     pub fn update(&mut self, bin: u32, remaining: Option<u64>) {
         self.set(bin as usize, remaining.map_or(0, |r| r + 1));
+    }
+
+    /// Number of bins opened so far.
+    pub fn n_bins(&self) -> usize {
+        self.n_bins
+    }
+
+    /// Segments in `bin`.
+    pub fn count(&self, bin: u32) -> u64 {
+        self.counts[bin as usize]
+    }
+
+    /// The lowest-numbered open bin with room for `need`, or a new bin of `capacity`;
+    /// with its remaining capacity.
+    pub fn find_or_open(&mut self, need: u64, capacity: u64) -> (u32, u64) {
+        self.first_fit(need)
+            .unwrap_or_else(|| (self.open(capacity), capacity))
+    }
+
+    /// Record `take` more segments in `bin`, leaving it `remaining`; the bin closes when
+    /// it holds `max_seqs`.
+    pub fn place(&mut self, bin: u32, take: u64, remaining: u64, max_seqs: u64) {
+        let count = &mut self.counts[bin as usize];
+        *count += take;
+        let still_open = *count < max_seqs;
+        self.update(bin, still_open.then_some(remaining));
     }
 
     /// The lowest-numbered open bin with at least `need` remaining, and its remaining capacity.

@@ -20,7 +20,9 @@ pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
 pub use segments::{Length, PolicyCounts};
 
 use crate::error::Result;
+use assign::Assignment;
 use order::OfferOrder;
+use segments::Segments;
 
 /// A packing in CSR form. All arrays are `i64` so they map one-to-one onto numpy int64.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,14 +70,7 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
         Algorithm::FirstFitShuffled => OfferOrder::shuffled(&segments, options.seed),
     };
     let assignment = order.assign(&segments, options);
-    let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
-    Ok(layout::build(
-        segments,
-        bin_of_segment,
-        assignment.n_bins,
-        options,
-        None,
-    ))
+    Ok(finish(segments, &order, assignment, options, None))
 }
 
 /// Padded token-budget batching: a batch of `n` segments costs `n x` its longest cost.
@@ -84,14 +79,31 @@ pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<P
     let segments = segments::segment(lengths, options)?;
     let order = OfferOrder::decreasing_cost(&segments, options);
     let (assignment, batch_cost) = order.assign_padded(&segments, options);
+    Ok(finish(
+        segments,
+        &order,
+        assignment,
+        options,
+        Some(batch_cost),
+    ))
+}
+
+/// Lay out an assignment (a bin per offer position) as CSR arrays.
+fn finish(
+    segments: Segments,
+    order: &OfferOrder,
+    assignment: Assignment,
+    options: &PackOptions,
+    padded_cost: Option<Vec<u64>>,
+) -> Packing {
     let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
-    Ok(layout::build(
+    layout::build(
         segments,
         bin_of_segment,
         assignment.n_bins,
         options,
-        Some(batch_cost),
-    ))
+        padded_cost,
+    )
 }
 
 #[cfg(test)]
