@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from tokenbatch import ModelSpec, estimate_memory, estimate_memory_grid, plan
 
 SPEC = ModelSpec.preset("llama-3.1-70b")

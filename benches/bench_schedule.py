@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from tokenbatch.scaling import ThreeTermLaw
 from tokenbatch.schedule import LinearRamp, MegatronRampup, group_into_steps
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tokenbatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import tokenbatch
 from tokenbatch import (
     InvalidTypeError,
     InvalidValueError,

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from tokenbatch import ModelSpec, estimate_memory, profile
 from torch import nn
 from torch.nn import functional
+
+from tokenbatch import ModelSpec, estimate_memory, profile
 
 
 class _RMSNormFunction(torch.autograd.Function):

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 import tokenbatch
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.scaling import (

@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 import pytest
-import tokenbatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import tokenbatch
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
 from tokenbatch.schedule import (
     BatchScaledLR,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tokenbatch.cli import main
 from tokenbatch.cli.schedule_command import parse_count, plot_schedule
 from tokenbatch.errors import InvalidValueError
@@ -92,3 +94,39 @@ def test_plot_without_matplotlib_names_the_extra(
     table = deepseek_v3_ramp().table(10**12, 4096, 1)
     with pytest.raises(InvalidValueError, match=r"tokenbatch\[plot\]"):
         plot_schedule(table, None, tmp_path / "plot.png")
+
+
+class _FakeAxis:
+    def __init__(self, calls: list[tuple[str, object]]) -> None:
+        self.calls = calls
+
+    def __getattr__(self, name: str) -> object:
+        def record(*args: object, **kwargs: object) -> _FakeAxis:
+            self.calls.append((name, args))
+            return self
+
+        return record
+
+
+def test_plot_draws_batch_and_lr_against_tokens(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, object]] = []
+    axis = _FakeAxis(calls)
+    pyplot = types.SimpleNamespace(
+        subplots=lambda **_: (axis, axis), close=lambda figure: calls.append(("close", ()))
+    )
+    matplotlib = types.SimpleNamespace(use=lambda backend: calls.append(("use", (backend,))))
+    monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
+    table = deepseek_v3_ramp().table(10**12, 4096, 1)
+    lr = WarmupStableDecayLR(1e-3, 10**12).lr_at(table["consumed_tokens"])
+    plot_schedule(table, lr, tmp_path / "plot.png", title="ramp")
+    names = [name for name, _ in calls]
+    assert ("use", ("Agg",)) in calls
+    step_args = next(args for name, args in calls if name == "step")
+    np.testing.assert_array_equal(step_args[0], table["consumed_tokens"])  # type: ignore[index]
+    np.testing.assert_array_equal(step_args[1], table["batch_tokens"])  # type: ignore[index]
+    assert "twinx" in names  # a second axis for the learning rate
+    assert ("savefig", (tmp_path / "plot.png",)) in calls
+    assert names[-1] == "close"

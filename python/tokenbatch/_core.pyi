@@ -3,6 +3,8 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
+from typing import final
+
 import numpy as np
 import numpy.typing as npt
 
@@ -33,12 +35,7 @@ def batch_padded(
 
 # --- schedule ---
 
-from typing import final
-
-from typing_extensions import disjoint_base
-
 @final
-@disjoint_base
 class Schedule:
     """A validated batch-size schedule (see ``tokenbatch.schedule``)."""
 

@@ -4,6 +4,7 @@
 //! vectors or plain structs, and report bad input through [`Error`] instead of
 //! panicking, so the binding crate can map every failure to a precise Python exception.
 
+mod buffers;
 pub mod error;
 pub mod memory;
 pub mod packing;

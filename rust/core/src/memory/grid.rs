@@ -75,6 +75,9 @@ pub fn estimate_grid(
             values / 125_000
         ))
     })?;
+    // The result table is hundreds of MB for millions of cells: page faults on 4 KiB pages
+    // would cost as much as the arithmetic.
+    crate::buffers::advise_huge_pages(rows.spare_capacity_mut());
     // Indexed collect writes each row once, straight into the reserved buffer.
     (0..cells)
         .into_par_iter()

@@ -8,7 +8,7 @@
 //! its slice of the outputs, which then stays in the L2 cache. Two streaming passes beat
 //! one pass of scattered writes into 80 MB arrays by a wide margin.
 
-use super::buffers::zeroed_vec;
+use crate::buffers::zeroed_vec;
 use super::options::PackOptions;
 use super::segments::Segments;
 use super::Packing;

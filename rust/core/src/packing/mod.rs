@@ -9,7 +9,6 @@
 //! bin's `max_seqs` slots, so every input index still appears exactly once.
 
 mod assign;
-mod buffers;
 mod capacity_index;
 mod layout;
 mod options;

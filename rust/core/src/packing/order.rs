@@ -7,7 +7,7 @@
 //! one sequential pass over the segments.
 
 use super::assign::{self, Assignment};
-use super::buffers::{with_capacity_huge, zeroed_vec};
+use crate::buffers::{with_capacity_huge, zeroed_vec};
 use super::options::{Algorithm, PackOptions};
 use super::segments::Segments;
 use crate::rng::{mix_seed, SplitMix64};

@@ -5,7 +5,7 @@
 //! exactly one segment starting at token 0, the sequence index *is* the segment id and
 //! no index or start arrays are allocated.
 
-use super::buffers::with_capacity_huge;
+use crate::buffers::with_capacity_huge;
 use super::options::{Oversize, PackOptions};
 use crate::error::{Error, Result};
 

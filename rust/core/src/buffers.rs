@@ -13,7 +13,7 @@ const HUGE_PAGE_MIN_BYTES: usize = 8 << 20;
 macro_rules! zeroed_vec {
     ($t:ty, $n:expr) => {{
         let v: Vec<$t> = vec![<$t>::default(); $n];
-        $crate::packing::buffers::advise_huge_pages(&v);
+        $crate::buffers::advise_huge_pages(&v);
         v
     }};
 }
