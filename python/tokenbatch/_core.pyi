@@ -8,6 +8,19 @@ from typing import final
 import numpy as np
 import numpy.typing as npt
 
+# pyo3 lists every name added to the module in __all__; keep this list in step with it.
+__all__ = [
+    "Schedule",
+    "__version__",
+    "batch_padded",
+    "get_num_threads",
+    "memory_fields",
+    "memory_grid",
+    "memory_param_counts",
+    "pack",
+    "set_num_threads",
+]
+
 __version__: str
 
 _I64 = npt.NDArray[np.int64]

@@ -1,9 +1,9 @@
 //! Assigning segments to bins. Each function walks the segment costs in offer order once
 //! and returns, for each offer position, the bin it went to, plus the number of bins.
 
-use crate::buffers::with_capacity_huge;
 use super::capacity_index::{BestFitIndex, FirstFitIndex, OpenBin};
 use super::options::{Algorithm, PackOptions};
+use crate::buffers::with_capacity_huge;
 
 /// Bin of each offer position, and the number of bins.
 pub struct Assignment {

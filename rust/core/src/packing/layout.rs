@@ -8,10 +8,10 @@
 //! its slice of the outputs, which then stays in the L2 cache. Two streaming passes beat
 //! one pass of scattered writes into 80 MB arrays by a wide margin.
 
-use crate::buffers::zeroed_vec;
 use super::options::PackOptions;
 use super::segments::Segments;
 use super::Packing;
+use crate::buffers::zeroed_vec;
 
 const BUCKET_SHIFT: u32 = 15;
 

@@ -7,9 +7,9 @@
 //! one sequential pass over the segments.
 
 use super::assign::{self, Assignment};
-use crate::buffers::{with_capacity_huge, zeroed_vec};
 use super::options::{Algorithm, PackOptions};
 use super::segments::Segments;
+use crate::buffers::{with_capacity_huge, zeroed_vec};
 use crate::rng::{mix_seed, SplitMix64};
 
 /// Budgets up to this size are sorted by counting (one pass, a histogram of this many

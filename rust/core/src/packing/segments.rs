@@ -5,8 +5,8 @@
 //! exactly one segment starting at token 0, the sequence index *is* the segment id and
 //! no index or start arrays are allocated.
 
-use crate::buffers::with_capacity_huge;
 use super::options::{Oversize, PackOptions};
+use crate::buffers::with_capacity_huge;
 use crate::error::{Error, Result};
 
 /// An integer length type accepted from callers (numpy int32 or int64 arrays).
