@@ -1,35 +1,31 @@
 """Benchmarks of the distributed batch sampler: epoch plans, iteration and resume.
 
-Run with numbers::
+Full run (numbers in benches/RESULTS_sampler.md), 10,000,000 sequences on 8 ranks::
 
-    pytest benches/bench_sampler.py --benchmark-columns=min,mean,max,rounds
+    TOKENBATCH_BENCH_FULL=1 pytest benches/bench_sampler.py --benchmark-enable \
+        --benchmark-columns=min,mean,max,rounds
 
-Sizes: ``TOKENBATCH_BENCH_SEQS`` sequences (default 10,000,000) on 8 ranks; as a smoke
-test (``--benchmark-disable``) every size is cut to 100,000 so that CI stays fast.
+Without TOKENBATCH_BENCH_FULL=1 every benchmark runs on 100,000 sequences (smoke test).
 The pure-Python baseline builds the same kind of plan (costs per bin, sort by cost, deal
 into steps, shuffle steps) with lists and ``random``, from the same packing.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
 import numpy as np
+from conftest import FULL
+
 from tokenbatch import Packing, pack
 from tokenbatch.datasets import example_lengths
 from tokenbatch.distribute import Planner
 from tokenbatch.torch import TokenBudgetBatchSampler
 
-N_SEQS = int(os.environ.get("TOKENBATCH_BENCH_SEQS", 10_000_000))
-SMOKE_SEQS = 100_000
+N_SEQS = 10_000_000 if FULL else 100_000
 MAX_TOKENS = 8192
 RANKS = 8
-
-
-def size(benchmark: Any) -> int:
-    return SMOKE_SEQS if benchmark.disabled else N_SEQS
 
 
 _cache: dict[int, tuple[np.ndarray, Packing]] = {}
@@ -58,7 +54,7 @@ def python_plan(bins: list[list[int]], lengths: list[int], ranks: int, seed: int
 
 def test_epoch_plan_from_packing(benchmark: Any) -> None:
     """Everything that depends on the packing and the ranks: splitting, costs, dealing."""
-    _, packing = lengths_and_packing(size(benchmark))
+    _, packing = lengths_and_packing(N_SEQS)
 
     def build() -> int:
         return Planner(packing, RANKS, seed=1).plan(3).n_steps
@@ -69,7 +65,7 @@ def test_epoch_plan_from_packing(benchmark: Any) -> None:
 
 def test_epoch_plan_next_epoch(benchmark: Any) -> None:
     """What ``set_epoch`` costs once the packing-dependent work is cached."""
-    _, packing = lengths_and_packing(size(benchmark))
+    _, packing = lengths_and_packing(N_SEQS)
     planner = Planner(packing, RANKS, seed=1)
     epochs = iter(range(1, 10**6))
     plan = benchmark(lambda: planner.plan(next(epochs)))
@@ -78,7 +74,7 @@ def test_epoch_plan_next_epoch(benchmark: Any) -> None:
 
 def test_sampler_construction_with_packing(benchmark: Any) -> None:
     """Sampler construction from raw lengths: BFD packing (Rust) plus the epoch-0 plan."""
-    lengths, packing = lengths_and_packing(size(benchmark))
+    lengths, packing = lengths_and_packing(N_SEQS)
 
     def build() -> int:
         return len(TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=0))
@@ -88,7 +84,7 @@ def test_sampler_construction_with_packing(benchmark: Any) -> None:
 
 
 def test_python_baseline_plan(benchmark: Any) -> None:
-    lengths, packing = lengths_and_packing(size(benchmark))
+    lengths, packing = lengths_and_packing(N_SEQS)
     bins = [b.tolist() for b in packing]
     length_list = lengths.tolist()
     steps = benchmark.pedantic(
@@ -99,7 +95,7 @@ def test_python_baseline_plan(benchmark: Any) -> None:
 
 def test_iteration_per_batch(benchmark: Any) -> None:
     """One rank's whole epoch; divide the time by ``n_steps`` for the per-batch cost."""
-    lengths, _ = lengths_and_packing(size(benchmark))
+    lengths, _ = lengths_and_packing(N_SEQS)
     sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=3)
 
     def iterate() -> int:
@@ -116,7 +112,7 @@ def test_iteration_per_batch(benchmark: Any) -> None:
 
 
 def test_python_baseline_iteration_per_batch(benchmark: Any) -> None:
-    lengths, packing = lengths_and_packing(size(benchmark))
+    lengths, packing = lengths_and_packing(N_SEQS)
     bins = [b.tolist() for b in packing]
     steps = python_plan(bins, lengths.tolist(), RANKS, 1)
 
@@ -134,7 +130,7 @@ def test_python_baseline_iteration_per_batch(benchmark: Any) -> None:
 def test_resume_mid_epoch(benchmark: Any) -> None:
     """Load a mid-epoch state of a new epoch and get the first batch: the epoch plan is
     recomputed and skipped into, nothing is replayed."""
-    lengths, _ = lengths_and_packing(size(benchmark))
+    lengths, _ = lengths_and_packing(N_SEQS)
     sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=0)
     state = sampler.state_dict()
     middle = len(sampler) // 2

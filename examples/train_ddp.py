@@ -36,11 +36,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
-from tokenbatch.datasets import example_lengths
-from tokenbatch.torch import PackedCollator, PaddedCollator, TokenBudgetBatchSampler
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from tokenbatch.datasets import example_lengths
+from tokenbatch.torch import PackedCollator, PaddedCollator, TokenBudgetBatchSampler
 
 try:  # the varlen kernel is optional: CUDA only, installed separately
     from flash_attn import flash_attn_varlen_func

@@ -10,9 +10,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
 from tokenbatch import InvalidTypeError, InvalidValueError
 from tokenbatch.torch import PackedCollator, PaddedCollator, TokenBudgetBatchSampler
-from torch.utils.data import DataLoader
 
 
 def test_packed_batch_layout() -> None:

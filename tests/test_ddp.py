@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from tokenbatch import pack
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,6 +11,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 import torch
+
 from tokenbatch.torch import PackedCollator, PaddedCollator
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"

@@ -13,11 +13,19 @@ import torch
 import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenbatch import InvalidTypeError, InvalidValueError, OversizeError, batch_padded, pack
-from tokenbatch.datasets import example_lengths
-from tokenbatch.distribute import EpochPlan, mix_seed, plan_epoch
-from tokenbatch.torch import SegmentDataset, TokenBudgetBatchSampler
 from torch.utils.data import DataLoader
+
+from tokenbatch import (
+    InvalidTypeError,
+    InvalidValueError,
+    OversizeError,
+    batch_padded,
+    pack,
+    reference,
+)
+from tokenbatch.datasets import example_lengths
+from tokenbatch.distribute import EpochPlan, _random_keys, mix_seed, plan_epoch
+from tokenbatch.torch import SegmentDataset, TokenBudgetBatchSampler
 
 
 def rank_batches(lengths: Any, max_tokens: int, num_replicas: int, **options: Any) -> list[Any]:
@@ -219,10 +227,15 @@ def test_plan_is_a_pure_function_of_its_inputs() -> None:
     assert sorted(a.steps.ravel().tolist()) == list(range(a.steps.size))
 
 
-def test_mix_seed_matches_the_rust_core_stream() -> None:
-    # Values of rng::mix_seed in the Rust core, so plans agree with Rust-side planning.
+def test_random_streams_match_the_rust_core_generator() -> None:
+    # Value of rng::mix_seed(&[5, 9]) in the Rust core, and its reference stream.
     assert mix_seed(5, 9) == 5434140380092166035
     assert mix_seed(0, 0) != mix_seed(0, 1)
+    for parts in ([0, 0], [2**64 - 1, 3], [12345, 678]):
+        assert mix_seed(*parts) == reference.mix_seed(parts)
+    generator = reference.SplitMix64(987654321)
+    expected = [generator.next_u64() for _ in range(1000)]
+    assert _random_keys(987654321, 1000).tolist() == expected
 
 
 # ------------------------------------------------------------------------------ resume
@@ -399,6 +412,44 @@ def test_split_sequences_are_served_whole_across_ranks() -> None:
     for index, parts in pieces.items():
         joined = np.concatenate([tokens for _, tokens in sorted(parts, key=lambda p: p[0])])
         np.testing.assert_array_equal(joined, np.arange(lengths[index]) + 1000 * index)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=12),
+    num_replicas=st.integers(2, 8),
+)
+def test_split_mode_cuts_sequences_when_bins_cannot_be_cut(
+    lengths: list[int], num_replicas: int
+) -> None:
+    # Budget 64: sequences above 32 tokens sit alone in their bins, so often only cutting
+    # a sequence can give every rank the same number of batches.
+    tokens: dict[int, list[int]] = {}
+    n_steps = set()
+    # Unless there are fewer tokens than bins needed, cutting sequences always succeeds.
+    if sum(lengths) < num_replicas * ((len(pack(lengths, 64)) - 1) // num_replicas + 1):
+        with pytest.raises(InvalidValueError, match="drop_last=True"):
+            rank_batches(lengths, 64, num_replicas, oversize="split")
+        return
+    for batches in rank_batches(lengths, 64, num_replicas, oversize="split"):
+        n_steps.add(len(batches))
+        for batch in batches:
+            assert 0 < sum(length for _, _, length in batch) <= 64
+            for index, start, length in batch:
+                tokens.setdefault(index, []).extend(range(start, start + length))
+    assert len(n_steps) == 1
+    assert sorted(tokens) == list(range(len(lengths)))
+    for index, covered in tokens.items():
+        assert sorted(covered) == list(range(lengths[index]))
+
+
+def test_split_mode_reports_cut_sequences() -> None:
+    sampler = TokenBudgetBatchSampler([64, 64, 64], 64, oversize="split", num_replicas=2)
+    stats = sampler.stats()
+    assert stats["split_seqs"] == 1
+    assert stats["n_steps"] == 2
+    with pytest.raises(InvalidValueError, match="drop_last=True"):
+        TokenBudgetBatchSampler([64, 64, 64], 64, num_replicas=2)
 
 
 def test_truncate_yields_the_first_tokens() -> None:

@@ -28,6 +28,7 @@ from tokenbatch.memory import (
     profile,
 )
 from tokenbatch.packing import Packing, batch_padded, pack
+from tokenbatch.stream import StreamPacker
 
 __all__ = [
     "InvalidTypeError",
@@ -39,6 +40,7 @@ __all__ = [
     "Packing",
     "PlannedLayout",
     "ProfileResult",
+    "StreamPacker",
     "TokenBatchError",
     "TokenBatchOverflowError",
     "__version__",

@@ -89,7 +89,11 @@ class _Layout:
         "dropped_bins",
         "dropped_seqs",
         "dropped_tokens",
+        "indices",
+        "lengths",
         "split_bins",
+        "split_seqs",
+        "starts",
         "tokens",
     )
 
@@ -101,9 +105,12 @@ class _Layout:
         drop_last: bool,
         pad_to_multiple_of: int,
         balance: Balance,
+        split_sequences: bool = False,
     ) -> None:
         offsets = packing.bin_offsets
         lengths = packing.lengths
+        self.indices, self.starts, self.lengths = packing.indices, packing.starts, lengths
+        self.split_seqs = 0
         costs = _SegmentCosts(lengths, packing.kind, pad_to_multiple_of)
         tokens, attention = costs.of_bins(offsets)
         n_bins = len(offsets) - 1
@@ -125,6 +132,12 @@ class _Layout:
             self.dropped_tokens = int(real[dropped].sum())
         elif remainder:
             needed = num_replicas - remainder
+            shortfall = needed - int((np.diff(offsets) - 1).sum())
+            if shortfall > 0 and split_sequences:
+                offsets = self._split_sequences(offsets, shortfall)
+                lengths = self.lengths
+                costs = _SegmentCosts(lengths, packing.kind, pad_to_multiple_of)
+                tokens, attention = costs.of_bins(offsets)
             key = attention if balance == "attention" else tokens
             offsets = _split_bins(offsets, lengths, key.astype(np.float64), needed, num_replicas)
             tokens, attention = costs.of_bins(offsets)
@@ -148,6 +161,38 @@ class _Layout:
                 changes[0] = 0
                 np.not_equal(sorted_cost[1:], sorted_cost[:-1], out=changes[1:])
             self.cost_groups = np.cumsum(changes, dtype=np.uint64)
+
+    def _split_sequences(self, offsets: _I64, count: int) -> _I64:
+        """Cut the longest segments into ``count`` more pieces in all (pieces stay in their
+        bin), so that cutting bins between segments can then make enough bins."""
+        lengths = self.lengths
+        candidates = np.flatnonzero(lengths >= 2)
+        if int((lengths[candidates] - 1).sum()) < count:
+            return offsets  # too few tokens: _split_bins explains
+        if len(candidates) > count:
+            top = np.argpartition(-lengths[candidates], count - 1)[:count]
+            candidates = np.sort(candidates[top])
+        pieces = dict.fromkeys(candidates.tolist(), 1)
+        heap = [(-float(lengths[c]), c) for c in candidates.tolist()]
+        heapq.heapify(heap)
+        for _ in range(count):
+            _, c = heapq.heappop(heap)
+            pieces[c] += 1
+            if pieces[c] < int(lengths[c]):
+                heapq.heappush(heap, (-float(lengths[c]) / pieces[c], c))
+        repeats = np.ones(len(lengths), dtype=np.int64)
+        repeats[candidates] = [pieces[c] for c in candidates.tolist()]
+        prefix = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(repeats, out=prefix[1:])
+        piece = np.arange(prefix[-1], dtype=np.int64) - np.repeat(prefix[:-1], repeats)
+        total = np.repeat(lengths, repeats)
+        n_pieces = np.repeat(repeats, repeats)
+        base, extra = total // n_pieces, total % n_pieces
+        self.lengths = base + (piece < extra)
+        self.starts = np.repeat(self.starts, repeats) + piece * base + np.minimum(piece, extra)
+        self.indices = np.repeat(self.indices, repeats)
+        self.split_seqs = sum(1 for n in pieces.values() if n > 1)
+        return prefix[offsets]
 
 
 class _SegmentCosts:
@@ -286,9 +331,9 @@ class EpochPlan:
         steps.flags.writeable = False
         self.steps = steps
         self.bin_offsets = layout.bin_offsets
-        self.indices = packing.indices
-        self.starts = packing.starts
-        self.lengths = packing.lengths
+        self.indices = layout.indices
+        self.starts = layout.starts
+        self.lengths = layout.lengths
         self.epoch = epoch
         self.num_replicas = num_replicas
 
@@ -378,6 +423,7 @@ class EpochPlan:
             if used.size == 0
             else total_real / (int(used.size) * packing.max_tokens),
             "split_bins": layout.split_bins,
+            "split_seqs": layout.split_seqs,
             "dropped_bins": layout.dropped_bins,
             "drop_last_seqs": layout.dropped_seqs,
             "drop_last_tokens": layout.dropped_tokens,
@@ -450,6 +496,7 @@ class Planner:
         balance: Balance = "attention",
         drop_last: bool = False,
         pad_to_multiple_of: int = 1,
+        split_sequences: bool = False,
     ) -> None:
         if not isinstance(packing, Packing):
             raise InvalidTypeError(f"packing must be a tokenbatch.Packing, got {packing!r}")
@@ -464,6 +511,7 @@ class Planner:
             drop_last=_as_bool(drop_last, "drop_last"),
             pad_to_multiple_of=as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1),
             balance=self.balance,
+            split_sequences=_as_bool(split_sequences, "split_sequences"),
         )
 
     def plan(self, epoch: int) -> EpochPlan:
@@ -486,6 +534,7 @@ def plan_epoch(
     balance: Balance = "attention",
     drop_last: bool = False,
     pad_to_multiple_of: int = 1,
+    split_sequences: bool = False,
 ) -> EpochPlan:
     """Distribute the bins of ``packing`` over ``num_replicas`` data-parallel ranks.
 
@@ -502,6 +551,9 @@ def plan_epoch(
         drop_last: when the number of bins does not divide by ``num_replicas``, leave out
             the least-filled remainder bins instead of splitting bins.
         pad_to_multiple_of: the value the packing was built with (for costs).
+        split_sequences: when cutting bins between their sequences cannot make enough
+            bins, cut the longest sequences in two first (the batches then hold
+            ``(index, start, length)`` segments, as with ``oversize="split"``).
 
     Without ``drop_last``, bins are cut between their sequences (the costliest first)
     until their number divides by ``num_replicas``; no sequence is lost or repeated.
@@ -518,6 +570,7 @@ def plan_epoch(
         balance=balance,
         drop_last=drop_last,
         pad_to_multiple_of=pad_to_multiple_of,
+        split_sequences=split_sequences,
     )
     return planner.plan(epoch)
 

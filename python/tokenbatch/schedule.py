@@ -280,12 +280,18 @@ class BatchSchedule(ABC):
         row = self.seq_len if self.seq_len is not None else 1
         return len(self.table(total_tokens, row, 1)["batch_tokens"])
 
-    def group_into_steps(self, micro_batch_tokens: IntArrayLike, dp: int) -> _I64:
+    def group_into_steps(
+        self, micro_batch_tokens: IntArrayLike, dp: int, *, consumed_tokens: int = 0
+    ) -> _I64:
         """See :func:`group_into_steps`."""
         tokens = np.ascontiguousarray(
             as_lengths(micro_batch_tokens, "micro_batch_tokens"), dtype=np.int64
         )
-        return self._raw.group_into_steps(tokens, as_int(dp, "dp", minimum=1))
+        return self._raw.group_into_steps(
+            tokens,
+            as_int(dp, "dp", minimum=1),
+            as_int(consumed_tokens, "consumed_tokens", minimum=0),
+        )
 
 
 class MegatronRampup(BatchSchedule):
@@ -458,7 +464,11 @@ class Piecewise(BatchSchedule):
 
 
 def group_into_steps(
-    micro_batch_tokens: IntArrayLike, schedule: BatchSchedule, dp: int
+    micro_batch_tokens: IntArrayLike,
+    schedule: BatchSchedule,
+    dp: int,
+    *,
+    consumed_tokens: int = 0,
 ) -> npt.NDArray[np.int64]:
     """Group micro-batches into optimizer steps whose token totals follow ``schedule``.
 
@@ -467,7 +477,8 @@ def group_into_steps(
     be a multiple of ``dp``). Steps are made of whole rounds, greedily: a step takes its
     first round, then each next round while that brings the step's token total closer
     to ``schedule.batch_tokens_at(tokens consumed before the step)``. The last step holds
-    what is left.
+    what is left. ``consumed_tokens`` is where the schedule stands before the first
+    micro-batch (tokens trained on in earlier epochs, say).
 
     Returns ``step_offsets`` (int64, ``n_steps + 1``, in rounds): step ``s`` is rounds
     ``step_offsets[s]:step_offsets[s + 1]``, so every rank accumulates
@@ -476,7 +487,7 @@ def group_into_steps(
     """
     if not isinstance(schedule, BatchSchedule):
         raise InvalidTypeError(f"schedule must be a BatchSchedule, got {type(schedule).__name__}")
-    return schedule.group_into_steps(micro_batch_tokens, dp)
+    return schedule.group_into_steps(micro_batch_tokens, dp, consumed_tokens=consumed_tokens)
 
 
 def deepseek_v3_ramp(*, multiple_of: int = 1) -> LinearRamp:

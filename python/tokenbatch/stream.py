@@ -451,8 +451,8 @@ class _StreamingDatasetImpl:
 
         info = get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        packer = self._packer(self.num_replicas * workers, self.rank * workers + worker)
         skip = 0
+        role = worker  # which shard this worker reads
         resume, self._resume = self._resume, None
         if resume is not None:
             saved_workers = max(1, resume["num_workers"])
@@ -462,11 +462,18 @@ class _StreamingDatasetImpl:
                     f"with the same number of DataLoader workers (this loader: "
                     f"{0 if info is None else workers})"
                 )
-            if resume.get("packer") is not None:
-                packer.load_state_dict(resume["packer"])
-            else:
+            if resume.get("packer") is None:
+                # The loader takes batches from workers 0, 1, ... in turn, so the next batch
+                # of the interrupted run came from worker ``consumed % workers``: that shard
+                # goes to worker 0 now, the next one to worker 1, and so on.
                 consumed = resume["consumed_batches"]
-                skip = max(0, (consumed - worker + workers - 1) // workers)
+                role = (worker + consumed) % workers
+                skip = (consumed - role + workers - 1) // workers
+        # Shard ``role * num_replicas + rank``: item ``p`` goes to rank ``p % num_replicas``
+        # whatever the number of workers.
+        packer = self._packer(self.num_replicas * workers, role * self.num_replicas + self.rank)
+        if resume is not None and resume.get("packer") is not None:
+            packer.load_state_dict(resume["packer"])
         self._live = packer if info is None else None
         collate = self.collate_fn
         for bin_ in packer:
@@ -481,8 +488,9 @@ class _StreamingDatasetImpl:
         """The position of this rank's stream, to resume with :meth:`load_state_dict`.
 
         Args:
-            consumed_batches: batches the training loop took from the current iteration;
-                needed with DataLoader workers (``num_workers > 0``), which run ahead.
+            consumed_batches: batches this rank's training loop has taken from the stream
+                in total (counting those before an earlier resume); needed with DataLoader
+                workers (``num_workers > 0``), which run ahead of the loop.
             num_workers: the DataLoader's ``num_workers``.
 
         With ``num_workers=0`` the state is exact and small: the packer's position and
@@ -576,9 +584,10 @@ _STREAMING_DATASET_DOC = """A ``torch.utils.data.IterableDataset`` that packs a 
 
 Use it with ``DataLoader(dataset, batch_size=None, num_workers=...)``: each bin is already
 a micro-batch. The stream is sharded by data-parallel rank and DataLoader worker: shard
-``rank * num_workers + worker`` of ``num_replicas * num_workers`` reads the items at
-positions ``p`` with ``p % n_shards == shard``, so no item is read by two shards and none
-is skipped. ``num_replicas`` and ``rank`` default to the initialized process group.
+``worker * num_replicas + rank`` of ``num_replicas * num_workers`` reads the items at
+positions ``p`` with ``p % n_shards == shard`` (so rank ``r`` gets the items with
+``p % num_replicas == r``); no item is read by two shards and none is skipped.
+``num_replicas`` and ``rank`` default to the initialized process group.
 
 Args:
     source, max_tokens: as for :class:`StreamPacker` (an indexable source lets each shard

@@ -29,6 +29,7 @@ from tokenbatch._convert import as_int, as_lengths, as_seed
 from tokenbatch.distribute import Balance, EpochPlan, Planner, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
+from tokenbatch.schedule import BatchSchedule
 
 __all__ = [
     "BatchIndices",
@@ -58,7 +59,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     * **Equal steps, nothing lost.** Every rank gets exactly ``len(sampler)`` batches and
       every sequence is used exactly once per epoch across all ranks. When the number of
       bins does not divide by ``num_replicas``, the costliest bins are cut between their
-      sequences until it does (see :func:`tokenbatch.distribute.plan_epoch`). Only
+      sequences until it does (see :func:`tokenbatch.distribute.plan_epoch`); with
+      ``oversize="split"``, sequences too are cut when that is the only way. Only
       ``drop_last=True`` leaves sequences out (the least-filled remainder bins), and
       :meth:`stats` says how many.
     * **Balanced steps.** ``balance="attention"`` puts bins of similar attention cost (sum
@@ -93,6 +95,10 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         max_seqs: at most this many sequences in one batch.
         pad_to_multiple_of: each sequence costs its length rounded up to this multiple.
         dataset: optional; when given, its length must equal ``len(lengths)``.
+        schedule: optional batch-size schedule (:mod:`tokenbatch.schedule`). Micro-batches
+            are grouped into optimizer steps whose token totals follow it, continuing
+            across epochs; :meth:`step_offsets` and :meth:`optimizer_step_ends` tell the
+            training loop when to step the optimizer.
 
     Raises:
         InvalidValueError: ``rank >= num_replicas``, lengths that disagree with
@@ -118,6 +124,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         max_seqs: int | None = None,
         pad_to_multiple_of: int = 1,
         dataset: Sized | None = None,
+        schedule: BatchSchedule | None = None,
     ) -> None:
         super().__init__()
         array = np.array(as_lengths(lengths), dtype=np.int64)
@@ -141,6 +148,13 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
         self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
         self.num_replicas, self.rank = _replicas_and_rank(num_replicas, rank)
+        if schedule is not None and not isinstance(schedule, BatchSchedule):
+            raise InvalidTypeError(
+                f"schedule must be a tokenbatch.schedule schedule, got {type(schedule).__name__}"
+            )
+        self.schedule = schedule
+        self._epoch_tokens: dict[int, int] = {}
+        self._step_offsets: tuple[int, npt.NDArray[np.int64]] | None = None
         #: Batches are ``(index, start, length)`` segments rather than indices.
         self.yields_segments = self.oversize in ("split", "truncate")
         self.epoch = 0
@@ -193,6 +207,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 balance=self.balance,
                 drop_last=self.drop_last,
                 pad_to_multiple_of=self.pad_to_multiple_of,
+                split_sequences=self.oversize == "split",
             )
             self._planner = (packing_epoch, planner)
         self._plan = self._planner[1].plan(epoch)
@@ -201,6 +216,79 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     def plan(self) -> EpochPlan:
         """The plan of the current epoch (all ranks' batches)."""
         return self._epoch_plan(self.epoch)
+
+    # -- optimizer steps under a batch-size schedule ----------------------------------
+
+    def _tokens_of(self, epoch: int) -> int:
+        """Real tokens all ranks train on in ``epoch`` (cached; plans are deterministic)."""
+        if epoch not in self._epoch_tokens:
+            plan = self._epoch_plan(epoch) if epoch == self.epoch else self._plan_of(epoch)
+            self._epoch_tokens[epoch] = int(_bin_tokens(plan)[plan.steps].sum())
+        return self._epoch_tokens[epoch]
+
+    def _plan_of(self, epoch: int) -> EpochPlan:
+        """The plan of another epoch, without disturbing the cached current one."""
+        if not self._repacks_every_epoch() and self._planner is not None:
+            return self._planner[1].plan(epoch)
+        planner = Planner(
+            self._packing(epoch if self._repacks_every_epoch() else 0),
+            self.num_replicas,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            balance=self.balance,
+            drop_last=self.drop_last,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            split_sequences=self.oversize == "split",
+        )
+        return planner.plan(epoch)
+
+    def step_offsets(self) -> npt.NDArray[np.int64] | None:
+        """Optimizer steps of the current epoch under ``schedule`` (``None`` without one).
+
+        Step ``s`` is made of this epoch's micro-batches
+        ``step_offsets[s]:step_offsets[s + 1]`` (on every rank): accumulate gradients over
+        them, then step the optimizer. Steps follow
+        ``schedule.batch_tokens_at(tokens consumed so far)``, counting the real tokens of
+        all ranks and of earlier epochs (see :func:`tokenbatch.schedule.group_into_steps`).
+        The same on every rank.
+        """
+        if self.schedule is None:
+            return None
+        if self._step_offsets is None or self._step_offsets[0] != self.epoch:
+            plan = self._epoch_plan(self.epoch)
+            micro_batch_tokens = _bin_tokens(plan)[plan.steps].reshape(-1)
+            consumed = sum(self._tokens_of(epoch) for epoch in range(self.epoch))
+            offsets = self.schedule.group_into_steps(
+                micro_batch_tokens, self.num_replicas, consumed_tokens=consumed
+            )
+            offsets.flags.writeable = False
+            self._step_offsets = (self.epoch, offsets)
+        return self._step_offsets[1]
+
+    def optimizer_step_ends(self) -> npt.NDArray[np.bool_] | None:
+        """``ends[i]`` is true when micro-batch ``i`` of the current epoch (counted from the
+        start of the epoch, also after a resume) completes an optimizer step; ``None``
+        without a schedule::
+
+            ends = sampler.optimizer_step_ends()
+            for i, batch in enumerate(loader, start=sampler.start_step):
+                loss_fn(model(batch)).backward()
+                if ends[i]:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        """
+        offsets = self.step_offsets()
+        if offsets is None:
+            return None
+        ends = np.zeros(len(self), dtype=np.bool_)
+        ends[offsets[1:] - 1] = True
+        return ends
+
+    @property
+    def start_step(self) -> int:
+        """Micro-batch of the current epoch the next iteration starts at (0, or the
+        position restored by :meth:`load_state_dict`)."""
+        return self._pending_start
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose batches the next iteration yields.
@@ -256,6 +344,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             "oversize": self.oversize,
             "max_seqs": self.max_seqs,
             "pad_to_multiple_of": self.pad_to_multiple_of,
+            "schedule": None if self.schedule is None else repr(self.schedule),
         }
 
     def fingerprint(self) -> str:
@@ -354,6 +443,13 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             f"mode={self.mode!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"epoch={self.epoch})"
         )
+
+
+def _bin_tokens(plan: EpochPlan) -> npt.NDArray[np.int64]:
+    """Real tokens of every bin of ``plan``."""
+    if len(plan.bin_offsets) <= 1:
+        return np.zeros(0, dtype=np.int64)
+    return np.add.reduceat(plan.lengths, plan.bin_offsets[:-1]).astype(np.int64)
 
 
 def _replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

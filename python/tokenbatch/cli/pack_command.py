@@ -54,6 +54,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--output", type=Path, help="write the packing arrays to this .npz file")
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    parser.add_argument(
+        "--plot", type=Path, help="draw fill and length histograms to this image (needs matplotlib)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -99,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         save_packing(packing, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
+    if args.plot is not None:
+        from tokenbatch.plot import plot_packing
+
+        plot_packing(packing, path=args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -113,10 +113,11 @@ impl PySchedule {
         py: Python<'py>,
         micro_batch_tokens: PyReadonlyArray1<'py, i64>,
         dp: i64,
+        consumed_tokens: u64,
     ) -> PyResult<Arr<'py>> {
         let tokens = as_slice(&micro_batch_tokens)?;
         let offsets = py
-            .detach(|| schedule::group_into_steps(tokens, &self.inner, dp))
+            .detach(|| schedule::group_into_steps(tokens, &self.inner, dp, consumed_tokens))
             .into_py_result()?;
         Ok(offsets.into_pyarray(py))
     }

@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 /// before the step (ties close the step). The last step holds what is left, which may be
 /// less than its target.
 ///
+/// `consumed_before` is the number of tokens trained on before the first micro-batch (for
+/// example in earlier epochs), so the schedule continues where it left off.
+///
 /// Returns `step_offsets` (length `n_steps + 1`, in rounds): step `s` is made of rounds
 /// `step_offsets[s]..step_offsets[s + 1]`, so every rank accumulates
 /// `step_offsets[s + 1] - step_offsets[s]` micro-batches in it.
@@ -22,6 +25,7 @@ pub fn group_into_steps(
     micro_batch_tokens: &[i64],
     schedule: &Schedule,
     dp: i64,
+    consumed_before: u64,
 ) -> Result<Vec<i64>> {
     let dp = positive(dp, "dp")?;
     let ranks = usize::try_from(dp).map_err(|_| Error::invalid(format!("dp={dp} is too large")))?;
@@ -33,10 +37,10 @@ pub fn group_into_steps(
         )));
     }
     let mut offsets = vec![0_i64];
-    let mut consumed: u64 = 0;
+    let mut consumed: u64 = consumed_before;
     let mut step_tokens: u64 = 0;
     let mut step_start = 0_usize;
-    let mut target = schedule.batch_tokens_at(0)?;
+    let mut target = schedule.batch_tokens_at(consumed)?;
     for (round, chunk) in micro_batch_tokens.chunks_exact(ranks).enumerate() {
         let mut round_tokens: u64 = 0;
         for (rank, &tokens) in chunk.iter().enumerate() {

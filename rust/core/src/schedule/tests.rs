@@ -268,7 +268,7 @@ fn grouping_follows_the_target() {
         Schedule::piecewise(&[0, 100], &[40, 100], BatchUnit::Tokens, None, false).unwrap();
     // dp=2, rounds of 10 + 10 = 20 tokens.
     let tokens = vec![10_i64; 2 * 12];
-    let offsets = group_into_steps(&tokens, &schedule, 2).unwrap();
+    let offsets = group_into_steps(&tokens, &schedule, 2, 0).unwrap();
     // Steps of 40 tokens (2 rounds) until 120 consumed, then 100 tokens (5 rounds).
     assert_eq!(offsets, vec![0, 2, 4, 6, 11, 12]);
 }
@@ -276,10 +276,10 @@ fn grouping_follows_the_target() {
 #[test]
 fn grouping_refusals() {
     let schedule = linear(10, 10, 1, RampBy::Tokens, 1);
-    assert!(group_into_steps(&[1, 2, 3], &schedule, 2).is_err());
-    assert!(group_into_steps(&[1, -2], &schedule, 2).is_err());
-    assert!(group_into_steps(&[1, 2], &schedule, 0).is_err());
-    assert_eq!(group_into_steps(&[], &schedule, 4).unwrap(), vec![0]);
+    assert!(group_into_steps(&[1, 2, 3], &schedule, 2, 0).is_err());
+    assert!(group_into_steps(&[1, -2], &schedule, 2, 0).is_err());
+    assert!(group_into_steps(&[1, 2], &schedule, 0, 0).is_err());
+    assert_eq!(group_into_steps(&[], &schedule, 4, 0).unwrap(), vec![0]);
 }
 
 fn reference_linear(start: u64, end: u64, ramp: u64, m: u64, t: u64) -> u64 {
@@ -374,7 +374,7 @@ proptest! {
         let usable = tokens.len() / dp * dp;
         let tokens = &tokens[..usable];
         let schedule = linear(start, start + extra, ramp, RampBy::Tokens, 1);
-        let offsets = group_into_steps(tokens, &schedule, dp as i64).unwrap();
+        let offsets = group_into_steps(tokens, &schedule, dp as i64, 0).unwrap();
         let rounds = (usable / dp) as i64;
         prop_assert_eq!(offsets[0], 0);
         prop_assert_eq!(*offsets.last().unwrap(), rounds);

@@ -1,0 +1,111 @@
+"""StreamingDataset in a torch DataLoader: sharding by rank and worker, collation, resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from tokenbatch.errors import InvalidValueError
+from tokenbatch.stream import StreamingDataset
+from tokenbatch.torch import PackedCollator
+
+MAX_TOKENS = 256
+
+
+def corpus(n: int = 600) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    # token 0 of item i is i, so batches say which items they hold
+    return [
+        {"input_ids": np.concatenate([[i], rng.integers(1000, 2000, int(length) - 1)])}
+        for i, length in enumerate(rng.integers(1, 200, n))
+    ]
+
+
+def first_tokens(batch: dict[str, Any]) -> list[int]:
+    cu = batch["cu_seqlens"].tolist()
+    row = batch["input_ids"][0]
+    return [int(row[start]) for start in cu[:-1]]
+
+
+def make(items: list[dict[str, Any]], **options: Any) -> Any:
+    return StreamingDataset(
+        items, MAX_TOKENS, collate_fn=PackedCollator(), buffer_size=64, seed=1, **options
+    )
+
+
+def test_is_an_iterable_dataset_and_module_imports_without_it() -> None:
+    dataset = make(corpus(10))
+    assert isinstance(dataset, IterableDataset)
+    assert type(dataset).__module__ == "tokenbatch.stream"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ranks_and_workers_read_every_item_exactly_once(num_workers: int) -> None:
+    items = corpus()
+    seen: Counter[int] = Counter()
+    for rank in range(2):
+        dataset = make(items, num_replicas=2, rank=rank)
+        loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
+        for batch in loader:
+            assert batch["input_ids"].shape[1] <= MAX_TOKENS
+            assert batch["input_ids"].dtype == torch.int64
+            tokens = first_tokens(batch)
+            assert all(t % 2 == rank for t in tokens)
+            seen.update(tokens)
+    assert seen == Counter(range(len(items)))
+
+
+def test_resume_without_workers_is_exact() -> None:
+    items = corpus()
+    expected = [first_tokens(b) for b in DataLoader(make(items), batch_size=None)]
+    dataset = make(items)
+    loader = DataLoader(dataset, batch_size=None)
+    taken = []
+    for step, batch in enumerate(loader):
+        taken.append(first_tokens(batch))
+        if step == 9:
+            break
+    state = dataset.state_dict()
+    assert state["consumed_batches"] == 10
+    fresh = make(items)
+    fresh.load_state_dict(state)
+    rest = [first_tokens(b) for b in DataLoader(fresh, batch_size=None)]
+    assert taken + rest == expected
+
+
+def test_resume_with_workers_skips_consumed_batches() -> None:
+    items = corpus()
+    loader = DataLoader(make(items), batch_size=None, num_workers=2)
+    expected = [first_tokens(b) for b in loader]
+    fresh = make(items)
+    fresh.load_state_dict(make(items).state_dict(consumed_batches=7, num_workers=2))
+    rest = [first_tokens(b) for b in DataLoader(fresh, batch_size=None, num_workers=2)]
+    assert rest == expected[7:]
+    # counts are totals since the start of the stream, so a second resume works too
+    again = make(items)
+    again.load_state_dict(fresh.state_dict(consumed_batches=12, num_workers=2))
+    assert [first_tokens(b) for b in DataLoader(again, batch_size=None, num_workers=2)] == (
+        expected[12:]
+    )
+
+
+def test_state_errors() -> None:
+    items = corpus(20)
+    with pytest.raises(InvalidValueError, match="not iterated in this process"):
+        make(items).state_dict()
+    with pytest.raises(InvalidValueError, match="pass consumed_batches"):
+        make(items).state_dict(num_workers=2)
+    state = make(items, num_replicas=2, rank=0).state_dict(consumed_batches=1, num_workers=2)
+    with pytest.raises(InvalidValueError, match="rank=0"):
+        make(items, num_replicas=2, rank=1).load_state_dict(state)
+    dataset = make(items, num_replicas=2, rank=0)
+    dataset.load_state_dict(state)
+    with pytest.raises(InvalidValueError, match="num_workers=2"):
+        list(dataset)
+    with pytest.raises(InvalidValueError, match="rank must be in"):
+        make(items, num_replicas=2, rank=2)
