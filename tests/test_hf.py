@@ -211,3 +211,19 @@ def test_bad_containers() -> None:
         pack_dataset(EXAMPLES, 8)
     with pytest.raises(InvalidValueError, match="max_tokens must be at least 1"):
         pack_dataset(datasets.Dataset.from_dict(EXAMPLES), 0)
+
+
+def test_trl_padding_free_collator_reads_the_packed_rows() -> None:
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    rows = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]
+    packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": rows}), 4)
+    collator = DataCollatorForLanguageModeling(
+        pad_token_id=0, padding_free=True, return_position_ids=True
+    )
+    batch = collator([packed[0], packed[1]])
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 8, 9, 10, 11]]
+    # sequence boundaries come from seq_lengths: attention never crosses them
+    assert batch["cu_seq_lens_q"].tolist() == [0, 4, 7, 8]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0]]
+    assert batch["labels"].tolist() == [[-100, 2, 3, 4, -100, 9, 10, -100]]

@@ -1,0 +1,52 @@
+"""The guides in docs/ run as written, and docs/api.md matches the docstrings."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+GUIDES = sorted(path for path in DOCS.glob("*.md") if path.name != "api.md")
+# ```python blocks run; ```python cluster (and other languages) are shown, not run.
+BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_every_capability_has_a_guide() -> None:
+    names = {path.stem for path in GUIDES}
+    assert {"packing", "datasets", "ray"} <= names
+    for path in GUIDES:
+        assert BLOCK.findall(path.read_text()), f"{path.name} has no runnable example"
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=[path.stem for path in GUIDES])
+def test_guide_examples_run(guide: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # examples may write files
+    namespace: dict[str, object] = {"__name__": "__guide__"}
+    for number, code in enumerate(BLOCK.findall(guide.read_text())):
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output), warnings.catch_warnings():
+            # Guides may show warnings on purpose (extrapolation, deprecations of peers).
+            warnings.simplefilter("ignore")
+            exec(compile(code, f"{guide.name} block {number}", "exec"), namespace)
+
+
+def test_api_reference_is_up_to_date() -> None:
+    spec = importlib.util.spec_from_file_location("gen_api", DOCS / "gen_api.py")
+    assert spec is not None
+    assert spec.loader is not None
+    gen_api = importlib.util.module_from_spec(spec)
+    sys.modules["gen_api"] = gen_api
+    spec.loader.exec_module(gen_api)
+    rendered = gen_api.render()
+    assert "## `tokenbatch.stream`" in rendered
+    assert "#### `StreamPacker.state_dict" in rendered
+    assert (DOCS / "api.md").read_text() == rendered, (
+        "docs/api.md is out of date: run python docs/gen_api.py"
+    )
