@@ -4,7 +4,10 @@ use tokenbatch_core::packing::{pack, PackOptions};
 use tokenbatch_core::rng::SplitMix64;
 
 fn main() -> Result<(), tokenbatch_core::Error> {
-    let n = 10_000_000usize;
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
     let mut rng = SplitMix64::new(1);
     let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
     // Approximately log-normal(6.5, 1): a sum of four uniforms stands in for the normal.

@@ -7,7 +7,7 @@
 //! `madvise` THP mode). Elsewhere this is a plain zeroed vector.
 
 /// Below this size huge pages do not pay.
-const HUGE_PAGE_MIN_BYTES: usize = 8 << 20;
+const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
 
 /// A zeroed vector of `n` elements, advised for huge pages when large.
 macro_rules! zeroed_vec {

@@ -7,6 +7,7 @@ use tokenbatch_core::packing::{self, Length, PackOptions, Packing};
 
 use crate::arrays::{as_slice, IntArray};
 use crate::error::IntoPyResult;
+use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
 
@@ -40,11 +41,11 @@ fn run<'py>(
     let result = match &lengths {
         IntArray::I64(array) => {
             let slice = as_slice(array)?;
-            py.detach(|| call(slice, &options, padded))
+            detach_parallel(py, || call(slice, &options, padded))
         }
         IntArray::I32(array) => {
             let slice = as_slice(array)?;
-            py.detach(|| call(slice, &options, padded))
+            detach_parallel(py, || call(slice, &options, padded))
         }
     }
     .into_py_result()?;

@@ -6,6 +6,8 @@
 //! layout recovers each segment's offer position from the histogram's running offsets in
 //! one sequential pass over the segments.
 
+use rayon::prelude::*;
+
 use super::assign::{self, Assignment};
 use super::options::{Algorithm, PackOptions};
 use super::segments::Segments;
@@ -177,18 +179,63 @@ impl OfferOrder {
             }
             // Segments of one sort key occupy consecutive offer positions in id order, so
             // a running position per key walks `bin_of` as a few thousand forward streams.
+            // Chunks of segments run in parallel, each starting its streams where the
+            // previous chunks' keys end (from per-chunk key histograms).
             Self::ByCost { first_position, .. } => {
                 let k = options.pad_to_multiple_of;
-                let mut next_position = first_position.clone();
-                let mut by_segment = with_capacity_huge(segments.len());
-                by_segment.extend(segments.lengths.iter().map(|&length| {
-                    let position = &mut next_position[sort_key(length, k)];
-                    let bin = bin_of[*position as usize];
-                    *position += 1;
-                    bin
-                }));
+                let n = segments.len();
+                let chunk = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
+                let chunks: Vec<&[u32]> = segments.lengths.chunks(chunk).collect();
+                let histograms: Vec<Vec<u32>> = if chunks.len() * first_position.len() <= 1 << 22 {
+                    chunks
+                        .par_iter()
+                        .map(|lengths| {
+                            let mut counts = vec![0u32; first_position.len()];
+                            for &length in *lengths {
+                                counts[sort_key(length, k)] += 1;
+                            }
+                            counts
+                        })
+                        .collect()
+                } else {
+                    Vec::new() // too many keys to keep per chunk: one sequential stream
+                };
+                let mut by_segment = zeroed_vec!(u32, n);
+                if histograms.len() != chunks.len() || chunks.len() <= 1 {
+                    walk(
+                        &segments.lengths,
+                        first_position.clone(),
+                        &bin_of,
+                        k,
+                        &mut by_segment,
+                    );
+                    return by_segment;
+                }
+                let mut next = first_position.clone();
+                let mut chunk_starts = Vec::with_capacity(chunks.len());
+                for counts in &histograms {
+                    chunk_starts.push(next.clone());
+                    for (position, count) in next.iter_mut().zip(counts) {
+                        *position += count;
+                    }
+                }
+                by_segment
+                    .par_chunks_mut(chunk)
+                    .zip(chunks.par_iter())
+                    .zip(chunk_starts.into_par_iter())
+                    .for_each(|((out, lengths), next)| walk(lengths, next, &bin_of, k, out));
                 by_segment
             }
         }
+    }
+}
+
+/// Bin of each segment of `lengths` (one chunk, in id order), given each key's next offer
+/// position.
+fn walk(lengths: &[u32], mut next_position: Vec<u32>, bin_of: &[u32], k: u64, out: &mut [u32]) {
+    for (bin, &length) in out.iter_mut().zip(lengths) {
+        let position = &mut next_position[sort_key(length, k)];
+        *bin = bin_of[*position as usize];
+        *position += 1;
     }
 }

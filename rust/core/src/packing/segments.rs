@@ -5,6 +5,8 @@
 //! exactly one segment starting at token 0, the sequence index *is* the segment id and
 //! no index or start arrays are allocated.
 
+use rayon::prelude::*;
+
 use super::options::{Oversize, PackOptions};
 use crate::buffers::with_capacity_huge;
 use crate::error::{Error, Result};
@@ -77,6 +79,70 @@ impl Segments {
     }
 }
 
+/// Lengths validated per parallel task.
+const SCAN_CHUNK: usize = 1 << 16;
+
+/// What one pass over the lengths finds (merged across parallel chunks).
+#[derive(Debug, Clone, Default)]
+struct Scan {
+    first_negative: Option<usize>,
+    first_oversize: Option<usize>,
+    /// Sum of the lengths; `None` once it overflows.
+    total: Option<u64>,
+    n_oversize: u64,
+    /// Pieces beyond the first that oversize sequences would split into.
+    extra_pieces: u64,
+    /// Tokens beyond the capacity in oversize sequences (what truncation removes).
+    excess_tokens: u64,
+}
+
+impl Scan {
+    /// The scan of no lengths.
+    fn empty() -> Self {
+        Scan {
+            total: Some(0),
+            ..Scan::default()
+        }
+    }
+
+    fn of<L: Length>(values: &[L], offset: usize, capacity: u64) -> Self {
+        let mut scan = Scan::empty();
+        for (i, &value) in values.iter().enumerate() {
+            let length = value.to_i64();
+            if length < 0 {
+                scan.first_negative.get_or_insert(offset + i);
+                continue;
+            }
+            let length = length as u64;
+            scan.total = scan.total.and_then(|total| total.checked_add(length));
+            if length > capacity {
+                scan.first_oversize.get_or_insert(offset + i);
+                scan.n_oversize += 1;
+                scan.extra_pieces = scan
+                    .extra_pieces
+                    .saturating_add(length.div_ceil(capacity) - 1);
+                scan.excess_tokens = scan.excess_tokens.saturating_add(length - capacity);
+            }
+        }
+        scan
+    }
+
+    /// Combine the scans of two consecutive chunks (`self` first).
+    fn merge(self, later: Scan) -> Scan {
+        Scan {
+            first_negative: self.first_negative.or(later.first_negative),
+            first_oversize: self.first_oversize.or(later.first_oversize),
+            total: self
+                .total
+                .zip(later.total)
+                .and_then(|(a, b)| a.checked_add(b)),
+            n_oversize: self.n_oversize + later.n_oversize,
+            extra_pieces: self.extra_pieces.saturating_add(later.extra_pieces),
+            excess_tokens: self.excess_tokens.saturating_add(later.excess_tokens),
+        }
+    }
+}
+
 /// Validate `lengths` and apply the oversize policy.
 pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segments> {
     if lengths.len() >= u32::MAX as usize {
@@ -87,41 +153,46 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
         )));
     }
     let capacity = options.capacity();
-    let mut counts = PolicyCounts::default();
-    let mut n_oversize = 0u64;
-    let mut extra_pieces = 0u64;
-    for (index, &value) in lengths.iter().enumerate() {
-        let length = value.to_i64();
-        if length < 0 {
+    let scan = lengths
+        .par_chunks(SCAN_CHUNK)
+        .enumerate()
+        .map(|(chunk, values)| Scan::of(values, chunk * SCAN_CHUNK, capacity))
+        .reduce(Scan::empty, Scan::merge);
+    let refused = scan
+        .first_oversize
+        .filter(|_| options.oversize == Oversize::Error);
+    match (scan.first_negative, refused) {
+        (Some(index), other) if other.is_none_or(|oversize| index < oversize) => {
+            let length = lengths[index].to_i64();
             return Err(Error::invalid(format!(
                 "lengths[{index}] = {length} is negative; sequence lengths must be >= 0"
             )));
         }
-        let length = length as u64;
-        counts.input_tokens = counts.input_tokens.checked_add(length).ok_or_else(|| {
-            Error::overflow("the lengths sum to more than 2^64 - 1 tokens".to_string())
-        })?;
-        if length > capacity {
-            if options.oversize == Oversize::Error {
-                let detail = if capacity < options.max_tokens {
-                    format!(
-                        " (at most {capacity} with pad_to_multiple_of={})",
-                        options.pad_to_multiple_of
-                    )
-                } else {
-                    String::new()
-                };
-                return Err(Error::Oversize {
-                    index,
-                    length: length as i64,
-                    max_tokens: options.max_tokens,
-                    detail,
-                });
-            }
-            n_oversize += 1;
-            extra_pieces += length.div_ceil(capacity) - 1;
+        (_, Some(index)) => {
+            let detail = if capacity < options.max_tokens {
+                format!(
+                    " (at most {capacity} with pad_to_multiple_of={})",
+                    options.pad_to_multiple_of
+                )
+            } else {
+                String::new()
+            };
+            return Err(Error::Oversize {
+                index,
+                length: lengths[index].to_i64(),
+                max_tokens: options.max_tokens,
+                detail,
+            });
         }
+        _ => {}
     }
+    let mut counts = PolicyCounts {
+        input_tokens: scan
+            .total
+            .ok_or_else(|| Error::overflow("the lengths sum to more than 2^64 - 1 tokens"))?,
+        ..PolicyCounts::default()
+    };
+    let (n_oversize, extra_pieces) = (scan.n_oversize, scan.extra_pieces);
     if counts.input_tokens > i64::MAX as u64 {
         return Err(Error::overflow(format!(
             "the lengths sum to {} tokens, more than 2^63 - 1",
@@ -142,15 +213,16 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
 
     let whole = n_oversize == 0 || options.oversize == Oversize::Truncate;
     if whole {
+        if n_oversize > 0 {
+            counts.truncated_seqs = n_oversize;
+            counts.truncated_tokens = scan.excess_tokens;
+        }
         let mut lengths_u32 = with_capacity_huge(lengths.len());
-        lengths_u32.extend(lengths.iter().map(|&value| {
-            let length = value.to_i64() as u64;
-            if length > capacity {
-                counts.truncated_seqs += 1;
-                counts.truncated_tokens += length - capacity;
-            }
-            length.min(capacity) as u32
-        }));
+        lengths_u32.par_extend(
+            lengths
+                .par_iter()
+                .map(|&value| (value.to_i64() as u64).min(capacity) as u32),
+        );
         return Ok(Segments {
             lengths: lengths_u32,
             sequence: None,
