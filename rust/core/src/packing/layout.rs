@@ -89,9 +89,9 @@ fn cursor_at_bin_starts(bin_offsets: &[i64]) -> Vec<u32> {
 /// One pass: each segment written straight to its slot.
 fn scatter_direct(segments: &Segments, bin_of_segment: &[u32], bin_offsets: &[i64]) -> Outputs {
     let n = segments.len();
-    let mut indices = vec![0i64; n];
-    let mut lengths = vec![0i64; n];
-    let mut starts = vec![0i64; n];
+    let mut indices = zeroed_vec!(i64, n);
+    let mut lengths = zeroed_vec!(i64, n);
+    let mut starts = vec![0i64; n]; // lazily mapped: touched only if something split
     let mut cursor = cursor_at_bin_starts(bin_offsets);
     for (id, &bin) in bin_of_segment.iter().enumerate() {
         let next_slot = &mut cursor[bin as usize];
