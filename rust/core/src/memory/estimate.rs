@@ -229,8 +229,9 @@ pub fn validate(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
     if !(l.recompute == 0.0 || l.recompute == 1.0 || l.recompute == 2.0) {
         return Err(Invalid::Recompute);
     }
-    if !(l.grad_accum_steps.is_finite() && l.grad_accum_steps >= 0.0)
-        || !is_whole(l.grad_accum_steps)
+    if !(l.grad_accum_steps.is_finite()
+        && l.grad_accum_steps >= 0.0
+        && is_whole(l.grad_accum_steps))
     {
         return Err(Invalid::GradAccumSteps);
     }
@@ -560,14 +561,15 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
         };
         let act_logits = if last { logits_per_mb } else { 0.0 };
         let act_working = if n_dense + n_moe > 0.0 { working } else { 0.0 };
-        let activations = (act_attention
-            + act_mlp
-            + act_norm
-            + act_embedding
-            + act_logits
-            + act_checkpoints
-            + act_working);
-        let activations = ceil(activations);
+        let activations = ceil(
+            act_attention
+                + act_mlp
+                + act_norm
+                + act_embedding
+                + act_logits
+                + act_checkpoints
+                + act_working,
+        );
         let total = params + grads + optimizer + activations + l.overhead_bytes;
         if total > best.total {
             best = Breakdown {
