@@ -1,7 +1,7 @@
 """Packing a tokenized Hugging Face dataset: tokenbatch.hf.pack_dataset against TRL's
 pack_dataset(strategy="bfd") on the same data.
 
-Full run (numbers in benches/RESULTS_ecosystem.md):
+Full run (numbers in benches/RESULTS.md):
     TOKENBATCH_BENCH_FULL=1 pytest benches/bench_hf.py --benchmark-enable
 """
 

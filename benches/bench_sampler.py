@@ -1,6 +1,6 @@
 """Benchmarks of the distributed batch sampler: epoch plans, iteration and resume.
 
-Full run (numbers in benches/RESULTS_sampler.md), 10,000,000 sequences on 8 ranks::
+Full run (numbers in benches/RESULTS.md), 10,000,000 sequences on 8 ranks::
 
     TOKENBATCH_BENCH_FULL=1 pytest benches/bench_sampler.py --benchmark-enable \
         --benchmark-columns=min,mean,max,rounds

@@ -1,6 +1,6 @@
 """Streaming packing: fill against buffer size, and throughput.
 
-Full run (numbers in benches/RESULTS_ecosystem.md):
+Full run (numbers in benches/RESULTS.md):
     TOKENBATCH_BENCH_FULL=1 pytest benches/bench_stream.py --benchmark-enable
 """
 
