@@ -63,3 +63,52 @@ def test_console_script_help_documents_every_option() -> None:
     )
     for option in ("--example", "--max-tokens", "--algorithm", "--max-seqs", "--oversize"):
         assert option in result.stdout
+
+
+def test_text_lengths_are_read_across_block_boundaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenbatch.cli import pack_command
+
+    monkeypatch.setattr(pack_command, "TEXT_BLOCK_BYTES", 5)
+    (tmp_path / "lengths.txt").write_text("123 45\n6789\t10\n11")
+    assert pack_command.read_lengths(tmp_path / "lengths.txt").tolist() == [123, 45, 6789, 10, 11]
+    (tmp_path / "bad.txt").write_text("12\n3.5\n")
+    with pytest.raises(ValueError, match=r"'3\.5'"):
+        pack_command.read_lengths(tmp_path / "bad.txt")
+
+
+def test_progress_bar_draws_only_on_a_terminal() -> None:
+    import io
+
+    from tokenbatch.cli.progress import Progress
+
+    quiet = io.StringIO()
+    with Progress("reading", 100, stream=quiet) as bar:
+        bar.advance(50)
+    assert quiet.getvalue() == ""  # StringIO is not a terminal
+    shown = io.StringIO()
+    with Progress("reading", 200, stream=shown, enabled=True) as bar:
+        bar.advance(200)
+    assert "reading [" + "#" * 30 + "] 100%" in shown.getvalue()
+    assert Progress("x", 4, enabled=False).render(width=4) == "x [....]   0%"
+
+
+def test_ctrl_c_stops_cleanly_without_a_traceback(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    fifo = tmp_path / "lengths.txt"
+    os.mkfifo(fifo)  # reading blocks until a writer appears: a stand-in for a huge file
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tokenbatch.cli", "pack", str(fifo)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)  # let the interpreter start and block on the file
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 128 + signal.SIGINT
+    assert "interrupted" in err
+    assert "Traceback" not in err

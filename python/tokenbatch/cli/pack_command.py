@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenbatch.cli.progress import Progress
 from tokenbatch.cli.table import format_table
 from tokenbatch.datasets import EXAMPLE_DISTRIBUTIONS, example_lengths
 from tokenbatch.errors import InvalidValueError
@@ -60,18 +61,44 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+#: Text files are parsed in blocks of this many bytes (progress is reported per block).
+TEXT_BLOCK_BYTES = 8 << 20
+
+
 def read_lengths(path: Path) -> npt.NDArray[np.int64]:
-    """Lengths from a ``.npy`` file or a text file of integers (whitespace separated)."""
+    """Lengths from a ``.npy`` file or a text file of integers (whitespace separated).
+
+    Text is parsed block by block with a progress bar on a terminal, so a file of
+    hundreds of millions of lengths shows progress and stops cleanly on Ctrl-C.
+    """
     if not path.exists():
         raise InvalidValueError(f"lengths file {str(path)!r} does not exist")
     if path.suffix == ".npy":
-        array = np.load(path, allow_pickle=False)
-    else:
-        try:
-            array = np.loadtxt(path, dtype=np.int64, ndmin=1)
-        except ValueError as exc:
-            raise InvalidValueError(f"{path}: not a text file of integers ({exc})") from exc
-    return np.asarray(array)
+        return np.asarray(np.load(path, allow_pickle=False))
+    parts: list[npt.NDArray[np.int64]] = []
+    carry = b""
+    total = path.stat().st_size if path.is_file() else 0
+    with path.open("rb") as handle, Progress(f"reading {path.name}", total) as bar:
+        while block := handle.read(TEXT_BLOCK_BYTES):
+            bar.advance(len(block))
+            text = carry + block
+            # A number may continue in the next block: keep the unfinished tail.
+            cut = max(text.rfind(b"\n"), text.rfind(b" "), text.rfind(b"\t"))
+            carry, text = (text[cut + 1 :], text[: cut + 1]) if cut >= 0 else (text, b"")
+            parts.append(_parse_integers(text, path))
+        parts.append(_parse_integers(carry, path))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _parse_integers(text: bytes, path: Path) -> npt.NDArray[np.int64]:
+    words = text.split()
+    try:
+        return np.array(words, dtype=np.int64) if words else np.zeros(0, dtype=np.int64)
+    except (ValueError, OverflowError):
+        bad = next(w for w in words if not w.lstrip(b"+-").isdigit() or abs(int(w)) >= 2**63)
+        raise InvalidValueError(
+            f"{path}: not a text file of integers ({bad.decode(errors='replace')!r})"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:
