@@ -106,3 +106,33 @@ def as_int_unbounded(value: Any, name: str) -> int:
         raise InvalidTypeError(
             f"{name} must be an integer, got {value!r} ({type(value).__name__})"
         ) from None
+
+
+def as_choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of the ``allowed`` strings."""
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, got {value!r}")
+    if value not in allowed:
+        options = ", ".join(repr(option) for option in allowed)
+        raise InvalidValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Data-parallel world size and rank: as given, else from the initialized default
+    ``torch.distributed`` group (torch is imported only then), else ``(1, 0)``."""
+    if num_replicas is None or rank is None:
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if initialized else 1
+        if rank is None:
+            rank = dist.get_rank() if initialized else 0
+    replicas = as_int(num_replicas, "num_replicas", minimum=1)
+    position = as_int(rank, "rank", minimum=0)
+    if position >= replicas:
+        raise InvalidValueError(
+            f"rank must be in [0, num_replicas - 1] = [0, {replicas - 1}], got rank={position}"
+        )
+    return replicas, position

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tokenbatch._convert import as_int, as_seed
+from tokenbatch._convert import as_choice, as_int, as_seed, replicas_and_rank
 from tokenbatch.distribute import _permutation, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, OversizeError
 from tokenbatch.packing import Algorithm, pack
@@ -110,9 +110,9 @@ class StreamPacker:
         self.source = source
         self.max_tokens = as_int(max_tokens, "max_tokens", minimum=1)
         self.buffer_size = as_int(buffer_size, "buffer_size", minimum=2)
-        self.algorithm = _choice(algorithm, "algorithm", _ALGORITHMS)
+        self.algorithm = as_choice(algorithm, "algorithm", _ALGORITHMS)
         self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
-        self.oversize = _choice(oversize, "oversize", _OVERSIZE)
+        self.oversize = as_choice(oversize, "oversize", _OVERSIZE)
         if not isinstance(key, str):
             raise InvalidTypeError(f"key must be a string, got {key!r}")
         self.key = key
@@ -131,7 +131,7 @@ class StreamPacker:
                 f"shard must be in [0, num_shards - 1] = [0, {self.num_shards - 1}], "
                 f"got shard={self.shard}"
             )
-        self.output = _choice(output, "output", ("items", "segments"))
+        self.output = as_choice(output, "output", ("items", "segments"))
         self._restoring = False
         self._reset()
 
@@ -421,7 +421,7 @@ class _StreamingDatasetImpl:
         num_replicas: int | None = None,
         rank: int | None = None,
     ) -> None:
-        self.num_replicas, self.rank = _replicas_and_rank(num_replicas, rank)
+        self.num_replicas, self.rank = replicas_and_rank(num_replicas, rank)
         self.collate_fn = collate_fn
         self._options: dict[str, Any] = {
             "buffer_size": buffer_size,
@@ -616,30 +616,3 @@ def _segment(value: Any) -> StreamSegment:
         as_int(start, "segment start", minimum=0),
         as_int(length, "segment length", minimum=0),
     )
-
-
-def _replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    if num_replicas is None or rank is None:
-        import torch.distributed as dist
-
-        initialized = dist.is_available() and dist.is_initialized()
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if initialized else 1
-        if rank is None:
-            rank = dist.get_rank() if initialized else 0
-    replicas = as_int(num_replicas, "num_replicas", minimum=1)
-    position = as_int(rank, "rank", minimum=0)
-    if position >= replicas:
-        raise InvalidValueError(
-            f"rank must be in [0, num_replicas - 1] = [0, {replicas - 1}], got rank={position}"
-        )
-    return replicas, position
-
-
-def _choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str):
-        raise InvalidTypeError(f"{name} must be a string, got {value!r}")
-    if value not in allowed:
-        options = ", ".join(repr(option) for option in allowed)
-        raise InvalidValueError(f"{name} must be one of {options}, got {value!r}")
-    return value

@@ -22,10 +22,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-import torch.distributed as dist
 from torch.utils.data import Dataset, Sampler
 
-from tokenbatch._convert import as_int, as_lengths, as_seed
+from tokenbatch._convert import as_choice, as_int, as_lengths, as_seed, replicas_and_rank
 from tokenbatch.distribute import Balance, EpochPlan, Planner, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
@@ -136,18 +135,18 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             )
         self.lengths: npt.NDArray[np.int64] = array
         self.max_tokens = as_int(max_tokens, "max_tokens", minimum=1)
-        self.mode = _choice(mode, "mode", ("packed", "padded"))
-        self.algorithm = _choice(algorithm, "algorithm", _ALGORITHMS)
+        self.mode = as_choice(mode, "mode", ("packed", "padded"))
+        self.algorithm = as_choice(algorithm, "algorithm", _ALGORITHMS)
         self.shuffle = _as_bool(shuffle, "shuffle")
         self.seed = as_seed(seed)
         self.drop_last = _as_bool(drop_last, "drop_last")
         if balance is not None:
-            _choice(balance, "balance", ("attention", "tokens"))
+            as_choice(balance, "balance", ("attention", "tokens"))
         self.balance: Balance = balance
-        self.oversize = _choice(oversize, "oversize", _OVERSIZE)
+        self.oversize = as_choice(oversize, "oversize", _OVERSIZE)
         self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
         self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
-        self.num_replicas, self.rank = _replicas_and_rank(num_replicas, rank)
+        self.num_replicas, self.rank = replicas_and_rank(num_replicas, rank)
         if schedule is not None and not isinstance(schedule, BatchSchedule):
             raise InvalidTypeError(
                 f"schedule must be a tokenbatch.schedule schedule, got {type(schedule).__name__}"
@@ -199,17 +198,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         # optimizer steps; the plan itself (one bin per rank per step) would not change.
         packing_epoch = epoch if self._repacks_every_epoch() else 0
         if self._planner is None or self._planner[0] != packing_epoch:
-            planner = Planner(
-                self._packing(packing_epoch),
-                self.num_replicas,
-                seed=self.seed,
-                shuffle=self.shuffle,
-                balance=self.balance,
-                drop_last=self.drop_last,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                split_sequences=self.oversize == "split",
-            )
-            self._planner = (packing_epoch, planner)
+            self._planner = (packing_epoch, self._new_planner(packing_epoch))
         self._plan = self._planner[1].plan(epoch)
         return self._plan
 
@@ -230,8 +219,11 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         """The plan of another epoch, without disturbing the cached current one."""
         if not self._repacks_every_epoch() and self._planner is not None:
             return self._planner[1].plan(epoch)
-        planner = Planner(
-            self._packing(epoch if self._repacks_every_epoch() else 0),
+        return self._new_planner(epoch if self._repacks_every_epoch() else 0).plan(epoch)
+
+    def _new_planner(self, packing_epoch: int) -> Planner:
+        return Planner(
+            self._packing(packing_epoch),
             self.num_replicas,
             seed=self.seed,
             shuffle=self.shuffle,
@@ -240,7 +232,6 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             pad_to_multiple_of=self.pad_to_multiple_of,
             split_sequences=self.oversize == "split",
         )
-        return planner.plan(epoch)
 
     def step_offsets(self) -> npt.NDArray[np.int64] | None:
         """Optimizer steps of the current epoch under ``schedule`` (``None`` without one).
@@ -450,30 +441,6 @@ def _bin_tokens(plan: EpochPlan) -> npt.NDArray[np.int64]:
     if len(plan.bin_offsets) <= 1:
         return np.zeros(0, dtype=np.int64)
     return np.add.reduceat(plan.lengths, plan.bin_offsets[:-1]).astype(np.int64)
-
-
-def _replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    initialized = dist.is_available() and dist.is_initialized()
-    if num_replicas is None:
-        num_replicas = dist.get_world_size() if initialized else 1
-    if rank is None:
-        rank = dist.get_rank() if initialized else 0
-    replicas = as_int(num_replicas, "num_replicas", minimum=1)
-    position = as_int(rank, "rank", minimum=0)
-    if position >= replicas:
-        raise InvalidValueError(
-            f"rank must be in [0, num_replicas - 1] = [0, {replicas - 1}], got rank={position}"
-        )
-    return replicas, position
-
-
-def _choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str):
-        raise InvalidTypeError(f"{name} must be a string, got {value!r}")
-    if value not in allowed:
-        options = ", ".join(repr(option) for option in allowed)
-        raise InvalidValueError(f"{name} must be one of {options}, got {value!r}")
-    return value
 
 
 def _as_bool(value: object, name: str) -> bool:
@@ -687,7 +654,7 @@ class PaddedCollator:
         self.pad_token_id = as_int(pad_token_id, "pad_token_id")
         self.ignore_index = as_int(ignore_index, "ignore_index")
         self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
-        self.padding_side = _choice(padding_side, "padding_side", ("right", "left"))
+        self.padding_side = as_choice(padding_side, "padding_side", ("right", "left"))
 
     def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
         """Collate ``items`` into padded tensors."""
