@@ -106,9 +106,22 @@ def test_ctrl_c_stops_cleanly_without_a_traceback(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.5)  # let the interpreter start and block on the file
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=30)
+    # A non-blocking open for writing succeeds only once the reader has the FIFO open:
+    # then the command is past start-up and waiting for data.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the command never opened the file"
+            time.sleep(0.05)
+    try:
+        time.sleep(0.2)  # into the blocking read
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        os.close(writer)
     assert process.returncode == 128 + signal.SIGINT
     assert "interrupted" in err
     assert "Traceback" not in err
