@@ -172,14 +172,7 @@ class _Layout:
         if len(candidates) > count:
             top = np.argpartition(-lengths[candidates], count - 1)[:count]
             candidates = np.sort(candidates[top])
-        pieces = dict.fromkeys(candidates.tolist(), 1)
-        heap = [(-float(lengths[c]), c) for c in candidates.tolist()]
-        heapq.heapify(heap)
-        for _ in range(count):
-            _, c = heapq.heappop(heap)
-            pieces[c] += 1
-            if pieces[c] < int(lengths[c]):
-                heapq.heappush(heap, (-float(lengths[c]) / pieces[c], c))
+        pieces = _share_cuts(lengths, lengths, candidates, count)
         repeats = np.ones(len(lengths), dtype=np.int64)
         repeats[candidates] = [pieces[c] for c in candidates.tolist()]
         prefix = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -260,14 +253,7 @@ def _split_bins(offsets: _I64, lengths: _I64, cost: _F64, needed: int, num_repli
         candidates = splittable[np.sort(top)]
     else:
         candidates = splittable
-    pieces = dict.fromkeys(candidates.tolist(), 1)
-    heap = [(-float(cost[b]), b) for b in candidates.tolist()]
-    heapq.heapify(heap)
-    for _ in range(needed):
-        _, b = heapq.heappop(heap)
-        pieces[b] += 1
-        if pieces[b] < int(counts[b]):
-            heapq.heappush(heap, (-float(cost[b]) / pieces[b], b))
+    pieces = _share_cuts(cost, counts, candidates, needed)
     cuts: list[int] = []
     for b, n_pieces in pieces.items():
         if n_pieces > 1:
@@ -587,3 +573,17 @@ def _as_balance(value: object) -> Balance:
     if value == "attention" or value == "tokens":
         return value
     raise InvalidValueError(f"balance must be 'attention', 'tokens' or None, got {value!r}")
+
+
+def _share_cuts(weight: Any, limit: Any, candidates: Any, cuts: int) -> dict[int, int]:
+    """Pieces of each candidate after ``cuts`` cuts, each cut going to the candidate with
+    the largest weight per piece (candidate ``c`` has at most ``limit[c]`` pieces)."""
+    pieces = dict.fromkeys(candidates.tolist(), 1)
+    heap = [(-float(weight[c]), c) for c in candidates.tolist()]
+    heapq.heapify(heap)
+    for _ in range(cuts):
+        _, c = heapq.heappop(heap)
+        pieces[c] += 1
+        if pieces[c] < int(limit[c]):
+            heapq.heappush(heap, (-float(weight[c]) / pieces[c], c))
+    return pieces
