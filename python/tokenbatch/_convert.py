@@ -4,6 +4,7 @@ what the Rust core reads, with tokenbatch errors for everything it cannot read."
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -136,3 +137,17 @@ def replicas_and_rank(num_replicas: int | None, rank: int | None) -> tuple[int, 
             f"rank must be in [0, num_replicas - 1] = [0, {replicas - 1}], got rank={position}"
         )
     return replicas, position
+
+
+def check_same_config(saved: Mapping[str, Any], current: Mapping[str, Any], owner: str) -> None:
+    """Refuse a saved state whose options differ from ``current``, naming every difference
+    (``owner`` names the object in the message, e.g. ``"sampler"``)."""
+    differences = [
+        f"{key}={saved.get(key)!r} (this {owner}: {value!r})"
+        for key, value in current.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise InvalidValueError(
+            f"state was saved by a {owner} with other options: " + ", ".join(differences)
+        )

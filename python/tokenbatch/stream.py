@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from tokenbatch._convert import as_choice, as_int, as_seed, replicas_and_rank
+from tokenbatch._convert import as_choice, as_int, as_seed, check_same_config, replicas_and_rank
 from tokenbatch.distribute import _permutation, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, OversizeError
 from tokenbatch.packing import Algorithm, pack
@@ -194,15 +194,7 @@ class StreamPacker:
         config = state.get("config")
         if not isinstance(config, Mapping):
             raise InvalidValueError("state has no 'config' mapping")
-        differences = [
-            f"{name}={config.get(name)!r} (this packer: {value!r})"
-            for name, value in self._config().items()
-            if config.get(name) != value
-        ]
-        if differences:
-            raise InvalidValueError(
-                "state was saved by a packer with other options: " + ", ".join(differences)
-            )
+        check_same_config(config, self._config(), "packer")
         try:
             buffer = [_segment(segment) for segment in state["buffer"]]
             pending = [[_segment(segment) for segment in bin_] for bin_ in state["pending"]]

@@ -24,7 +24,14 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from tokenbatch._convert import as_choice, as_int, as_lengths, as_seed, replicas_and_rank
+from tokenbatch._convert import (
+    as_choice,
+    as_int,
+    as_lengths,
+    as_seed,
+    check_same_config,
+    replicas_and_rank,
+)
 from tokenbatch.distribute import Balance, EpochPlan, Planner, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
@@ -399,15 +406,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             )
         config = state.get("config")
         if isinstance(config, Mapping):
-            differences = [
-                f"{key}={config.get(key)!r} (this sampler: {value!r})"
-                for key, value in self._config().items()
-                if config.get(key) != value
-            ]
-            if differences:
-                raise InvalidValueError(
-                    "state was saved by a sampler with other options: " + ", ".join(differences)
-                )
+            check_same_config(config, self._config(), "sampler")
         if state.get("n_seqs") != len(self.lengths):
             raise InvalidValueError(
                 f"state was saved for a dataset of {state.get('n_seqs')} sequences, "
