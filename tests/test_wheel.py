@@ -71,7 +71,19 @@ def test_installed_wheel_passes_the_packing_tests(wheel: Path, tmp_path: Path) -
     # numpy, pytest and hypothesis come from the system; tokenbatch only from the wheel.
     run(sys.executable, "-m", "venv", "--system-site-packages", venv)
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", wheel)
+    # --ignore-installed: where tokenbatch of the same version is installed system-wide
+    # (as CI does), pip would otherwise call the requirement satisfied and skip the wheel.
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--ignore-installed",
+        "--quiet",
+        wheel,
+    )
     location = run(python, "-c", "import tokenbatch; print(tokenbatch.__file__)").strip()
     assert Path(location).is_relative_to(venv), location
     suite = tmp_path / "suite"
