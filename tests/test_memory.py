@@ -170,6 +170,11 @@ def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
                 assert grid.total[i, j, k] == one.total
                 assert grid.activations[i, j, k] == one.activations
     assert grid.fits(80e9).sum() > 0
+    # Fields are contiguous views of the table, and to_dict gives every field.
+    fields = grid.to_dict()
+    assert all(a.flags.c_contiguous and a.shape == grid.shape for a in fields.values())
+    assert np.nanmax(fields["stage"]) == 0  # pp = 1: one stage
+    assert np.array_equal(fields["total"], grid.total, equal_nan=True)
     with pytest.raises(ValueError, match="read-only"):
         grid.total[0, 0, 0] = 1.0
 

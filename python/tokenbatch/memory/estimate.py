@@ -186,7 +186,9 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
     return {name: fields[name] for name in LAYOUT_FIELDS}
 
 
-def _run_grid(spec: ModelSpec, fields: Mapping[str, _F64]) -> tuple[tuple[int, ...], _F64]:
+def _run_grid(
+    spec: ModelSpec, fields: Mapping[str, _F64]
+) -> tuple[tuple[int, ...], _F64, npt.NDArray[np.uint8]]:
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     try:
@@ -199,8 +201,8 @@ def _run_grid(spec: ModelSpec, fields: Mapping[str, _F64]) -> tuple[tuple[int, .
         view = np.broadcast_to(array, shape)
         strides = [s // array.itemsize for s in view.strides]
         inputs.append((array.reshape(-1), strides))
-    flat = _core.memory_grid(spec.to_dict(), list(shape), inputs)
-    return tuple(shape), flat.reshape(-1, len(OUTPUT_FIELDS))
+    flat, reasons = _core.memory_grid(spec.to_dict(), list(shape), inputs)
+    return tuple(shape), flat.reshape(len(OUTPUT_FIELDS), -1), reasons.reshape(shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,10 +282,9 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
         if np.ndim(value) != 0:
             raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
     fields = _layout_inputs({"seq_len": seq_len, **options}, strict=True)
-    _, table = _run_grid(spec, fields)
-    row = table[0]
-    values = dict(zip(OUTPUT_FIELDS, row.tolist(), strict=True))
-    reason = int(values["reason"])
+    _, table, reasons = _run_grid(spec, fields)
+    values = dict(zip(OUTPUT_FIELDS, table[:, 0].tolist(), strict=True))
+    reason = int(reasons.reshape(-1)[0])
     if reason:
         raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
     return MemoryEstimate(
@@ -310,28 +311,37 @@ def _reason_message(code: int, options: Mapping[str, Any]) -> str:
 class MemoryGrid:
     """Estimates over a broadcast grid: every field is a read-only float64 array of ``shape``.
 
-    Invalid cells hold NaN; ``valid`` marks the others and :meth:`reasons` says why a cell
-    is invalid. Fields: ``params``, ``grads``, ``optimizer``, ``activations``, ``overhead``,
-    ``total``, ``act_attention``, ``act_mlp``, ``act_norm``, ``act_embedding``,
-    ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes) and ``stage``.
+    Invalid cells hold NaN; ``valid`` marks the others, ``reason_code`` (uint8, 0 for a
+    valid cell) says which check failed and :meth:`reasons` says it in words. Each field is
+    a contiguous array. Fields: ``params``, ``grads``, ``optimizer``, ``activations``,
+    ``overhead``, ``total``, ``act_attention``, ``act_mlp``, ``act_norm``,
+    ``act_embedding``, ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes) and
+    ``stage``.
     """
 
-    def __init__(self, spec: ModelSpec, shape: tuple[int, ...], table: _F64) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        shape: tuple[int, ...],
+        table: _F64,
+        reason_code: npt.NDArray[np.uint8],
+    ) -> None:
         table.flags.writeable = False
+        reason_code.flags.writeable = False
         self.spec = spec
         self.shape = shape
+        # One contiguous row per field: a field is a view, and a reduction over it reads
+        # only its own bytes.
         self._table = table
-        codes = table[:, OUTPUT_FIELDS.index("reason")].reshape(shape)
-        self.reason_code: npt.NDArray[np.int16] = codes.astype(np.int16)
-        self.reason_code.flags.writeable = False
-        self.valid: npt.NDArray[np.bool_] = self.reason_code == 0
+        self.reason_code = reason_code
+        self.valid: npt.NDArray[np.bool_] = reason_code == 0
         self.valid.flags.writeable = False
 
     def field(self, name: str) -> _F64:
         """One output column as an array of ``shape`` (a view, no copy)."""
         if name not in OUTPUT_FIELDS:
             raise InvalidValueError(f"unknown field {name!r}; fields: {', '.join(OUTPUT_FIELDS)}")
-        column: _F64 = self._table[:, OUTPUT_FIELDS.index(name)].reshape(self.shape)
+        column: _F64 = self._table[OUTPUT_FIELDS.index(name)].reshape(self.shape)
         return column
 
     params = property(lambda self: self.field("params"), doc="Weight bytes per GPU.")
@@ -360,7 +370,7 @@ class MemoryGrid:
 
     def to_dict(self) -> dict[str, _F64]:
         """Every output column by name."""
-        return {name: self.field(name) for name in OUTPUT_FIELDS if name != "reason"}
+        return {name: self.field(name) for name in OUTPUT_FIELDS}
 
     def __repr__(self) -> str:
         valid = int(self.valid.sum())
@@ -380,8 +390,8 @@ def estimate_memory_grid(spec: ModelSpec, **params: Any) -> MemoryGrid:
         k: (np.asarray(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()
     }
     fields = _layout_inputs(converted, strict=False)
-    shape, table = _run_grid(spec, fields)
-    return MemoryGrid(spec, shape, table)
+    shape, table, reasons = _run_grid(spec, fields)
+    return MemoryGrid(spec, shape, table, reasons)
 
 
 def max_micro_batch_tokens(

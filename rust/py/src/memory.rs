@@ -79,14 +79,18 @@ fn memory_param_counts(spec: SpecDict) -> PyResult<(f64, f64)> {
     Ok((spec.total_params(), spec.active_params()))
 }
 
-/// Evaluate a broadcast grid; returns the flat row-major `(cells, len(OUTPUT_FIELDS))` table.
+/// A grid's values table and reason codes.
+type GridArrays<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u8>>);
+
+/// Evaluate a broadcast grid; returns the `(len(OUTPUT_FIELDS), cells)` table, flat and
+/// row-major (one contiguous run per field), and the per-cell reason codes (0: valid).
 #[pyfunction]
 fn memory_grid<'py>(
     py: Python<'py>,
     spec: SpecDict,
     shape: Vec<usize>,
     inputs: Vec<(PyReadonlyArray1<'py, f64>, Vec<usize>)>,
-) -> PyResult<Bound<'py, PyArray1<f64>>> {
+) -> PyResult<GridArrays<'py>> {
     let spec = spec.into_core().into_py_result()?;
     let slices = inputs
         .iter()
@@ -100,7 +104,10 @@ fn memory_grid<'py>(
     // Parallel over the grid: run in tokenbatch's fork-safe pool.
     let table =
         detach_parallel(py, || memory::estimate_grid(&spec, &shape, &slices)).into_py_result()?;
-    Ok(table.into_pyarray(py))
+    Ok((
+        table.values.into_pyarray(py),
+        table.reasons.into_pyarray(py),
+    ))
 }
 
 /// Names of the grid inputs, of the output columns, and the invalid-reason messages

@@ -48,7 +48,7 @@ use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
 use crate::memory::spec::{FfnType, LayerParams, ModelSpec, NormType};
 
 /// Names of the output columns, in [`Breakdown::to_values`] order.
-pub const OUTPUT_FIELDS: [&str; 15] = [
+pub const OUTPUT_FIELDS: [&str; 14] = [
     "params",
     "grads",
     "optimizer",
@@ -63,7 +63,6 @@ pub const OUTPUT_FIELDS: [&str; 15] = [
     "act_checkpoints",
     "act_working",
     "stage",
-    "reason",
 ];
 
 /// Number of output columns.
@@ -97,7 +96,7 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
-    /// Values in [`OUTPUT_FIELDS`] order (reason 0: valid).
+    /// Values in [`OUTPUT_FIELDS`] order.
     pub fn to_values(&self) -> [f64; N_OUTPUT_FIELDS] {
         [
             self.params,
@@ -114,15 +113,7 @@ impl Breakdown {
             self.act_checkpoints,
             self.act_working,
             self.stage,
-            0.0,
         ]
-    }
-
-    /// The row of an invalid configuration: NaN everywhere but the reason code.
-    pub fn invalid_values(reason: Invalid) -> [f64; N_OUTPUT_FIELDS] {
-        let mut values = [f64::NAN; N_OUTPUT_FIELDS];
-        values[N_OUTPUT_FIELDS - 1] = f64::from(reason.code());
-        values
     }
 }
 
@@ -197,10 +188,18 @@ fn is_flag(x: f64) -> bool {
     x == 0.0 || x == 1.0
 }
 
-/// Whether `d` (a validated positive whole number) divides `n`; integer arithmetic
-/// because float remainders are several times slower in a grid's inner loop.
+/// Whether `d` (a validated positive whole number) divides `n`. Integer arithmetic,
+/// because float remainders are several times slower in a grid's inner loop, and a mask
+/// for the powers of two that most parallel degrees are, because a division is still
+/// tens of cycles and a cell checks several.
+#[inline]
 fn divides(d: f64, n: u64) -> bool {
-    n % (d as u64) == 0
+    let d = d as u64;
+    if d.is_power_of_two() {
+        n & (d - 1) == 0
+    } else {
+        n % d == 0
+    }
 }
 
 /// Check a configuration against the model; the first problem found is returned.
@@ -405,103 +404,174 @@ fn stage_layer_counts(spec: &ModelSpec, stage: u64, pp: u64, vpp: u64, chunk: u6
 
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
-    let spec = &prep.spec;
-    validate(spec, l)?;
-    let t = l.tp;
-    let sp = l.sequence_parallel == 1.0 && t > 1.0;
-    let recompute = l.recompute_mode();
-    let selective = recompute == Recompute::Selective;
-    let c = ActCtx {
-        e: l.activation_bytes,
-        t,
-        rep: if sp { t } else { 1.0 },
-        kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
-        key_len: l.seq_len / l.cp,
-        eager: l.attention == 1.0,
-        fused: l.fused_swiglu == 1.0,
-    };
-    let tokens = l.micro_batch * l.seq_len / l.cp;
-    let h = spec.hidden_size as f64;
-    let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
-
-    // Per-layer activations per token: what a layer keeps, and its full set (working set).
-    let (dense_acts, moe_acts) = if korthikanti {
-        let kept = prep.korthikanti_layer(&c, selective);
-        (kept, kept)
-    } else if spec.is_moe() {
-        (
-            prep.modern_layer(&c, false, selective),
-            prep.modern_layer(&c, true, selective),
-        )
-    } else {
-        let kept = prep.modern_layer(&c, false, selective);
-        (kept, kept)
-    };
-    let checkpoint = if korthikanti {
-        2.0 * h / c.rep
-    } else {
-        c.e * h / c.rep
-    };
-    let working = if recompute != Recompute::Full || korthikanti {
-        0.0
-    } else if spec.is_moe() {
-        let moe = prep.modern_layer(&c, true, false).total();
-        let dense = if spec.first_dense_layers > 0 {
-            prep.modern_layer(&c, false, false).total()
-        } else {
-            0.0
-        };
-        tokens * dense.max(moe)
-    } else {
-        tokens * prep.modern_layer(&c, false, false).total()
-    };
-    let embedding_per_mb = if korthikanti { h / c.rep } else { 8.0 } * tokens;
-    let logits_per_mb = if korthikanti {
-        0.0
-    } else {
-        tokens
-            * (2.0 * c.e * h / c.rep
-                + prep.norm_stat_bytes / c.rep
-                + l.logits_bytes * spec.vocab_size as f64 / t
-                + 8.0)
-    };
-
-    // Sharding of model states.
-    let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
-    let (dense_l, expert_l) = prep.dense_layer.per_rank(t, l.ep, kv_fraction);
-    let (moe_dense_l, moe_expert_l) = prep.moe_layer.per_rank(t, l.ep, kv_fraction);
-    let dense_group = l.dp * l.cp;
-    let expert_group = dense_group / l.ep;
-    let z = l.zero;
-    let shard =
-        |stage: f64, threshold: f64, group: f64| if z >= threshold { stage / group } else { stage };
-    let weight_bytes = l.param_bytes;
-    let grad_bytes = l.grad_bytes + l.grad_buffer_bytes;
-    let optim_bytes = l.master_bytes + l.optimizer_state_bytes;
-
+    validate(&prep.spec, l)?;
+    let config = Config::new(prep, l);
     let pp = l.pp as u64;
-    let vpp = l.vpp as u64;
-    let chunk = spec.num_layers / (pp * vpp);
-    let m = l.grad_accum_steps;
-    let mut best = Breakdown {
-        total: f64::NEG_INFINITY,
-        ..Breakdown::default()
-    };
+    let first_counts = config.layer_counts(0);
+    let mut best = config.stage(0, first_counts);
     let mut previous_middle = (f64::NAN, f64::NAN);
-    for stage in 0..pp {
-        let (n_dense, n_moe) = stage_layer_counts(spec, stage, pp, vpp, chunk);
-        let first = stage == 0;
-        let last = stage == pp - 1;
-        // A middle stage holding the same layers as the middle stage before it has fewer
-        // micro-batches in flight, so it cannot be the busiest: skip it.
-        if !first && !last {
-            if previous_middle == (n_dense, n_moe) {
+    for stage in 1..pp {
+        let counts = config.layer_counts(stage);
+        // A middle stage holding the same layers as the first stage or as the middle stage
+        // before it cannot be the busiest: it has the same layer states, fewer micro-batches
+        // in flight and no embedding. Skipping it leaves two stages to evaluate for a dense
+        // model, whatever `pp`.
+        if stage < pp - 1 {
+            if counts == first_counts || counts == previous_middle {
                 continue;
             }
-            previous_middle = (n_dense, n_moe);
+            previous_middle = counts;
         }
-        let mut dense_params = n_dense * dense_l + n_moe * moe_dense_l;
-        let expert_params = n_dense * expert_l + n_moe * moe_expert_l;
+        let candidate = config.stage(stage, counts);
+        if candidate.total > best.total {
+            best = candidate;
+        }
+    }
+    Ok(best)
+}
+
+/// The breakdown of every pipeline stage of a configuration (the spec must have been
+/// validated); [`estimate`] reports the first stage with the largest total.
+pub fn estimate_stages(prep: &Prepared, l: &Layout) -> Result<Vec<Breakdown>, Invalid> {
+    validate(&prep.spec, l)?;
+    let config = Config::new(prep, l);
+    Ok((0..l.pp as u64)
+        .map(|stage| config.stage(stage, config.layer_counts(stage)))
+        .collect())
+}
+
+/// What the stages of one valid configuration share.
+struct Config<'a> {
+    prep: &'a Prepared,
+    l: &'a Layout,
+    recompute: Recompute,
+    tokens: f64,
+    dense_acts: LayerActs,
+    moe_acts: LayerActs,
+    checkpoint: f64,
+    working: f64,
+    embedding_per_mb: f64,
+    logits_per_mb: f64,
+    /// Per-layer (dense, expert) parameters per rank of dense and of MoE layers.
+    dense_layer: (f64, f64),
+    moe_layer: (f64, f64),
+    dense_group: f64,
+    expert_group: f64,
+    pp: u64,
+    vpp: u64,
+    chunk: u64,
+}
+
+impl<'a> Config<'a> {
+    fn new(prep: &'a Prepared, l: &'a Layout) -> Self {
+        let spec = &prep.spec;
+        let t = l.tp;
+        let sp = l.sequence_parallel == 1.0 && t > 1.0;
+        let recompute = l.recompute_mode();
+        let selective = recompute == Recompute::Selective;
+        let c = ActCtx {
+            e: l.activation_bytes,
+            t,
+            rep: if sp { t } else { 1.0 },
+            kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
+            key_len: l.seq_len / l.cp,
+            eager: l.attention == 1.0,
+            fused: l.fused_swiglu == 1.0,
+        };
+        let tokens = l.micro_batch * l.seq_len / l.cp;
+        let h = spec.hidden_size as f64;
+        let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
+
+        // Per-layer activations per token: what a layer keeps, and its full set (working set).
+        let (dense_acts, moe_acts) = if korthikanti {
+            let kept = prep.korthikanti_layer(&c, selective);
+            (kept, kept)
+        } else if spec.is_moe() {
+            (
+                prep.modern_layer(&c, false, selective),
+                prep.modern_layer(&c, true, selective),
+            )
+        } else {
+            let kept = prep.modern_layer(&c, false, selective);
+            (kept, kept)
+        };
+        let checkpoint = if korthikanti {
+            2.0 * h / c.rep
+        } else {
+            c.e * h / c.rep
+        };
+        let working = if recompute != Recompute::Full || korthikanti {
+            0.0
+        } else if spec.is_moe() {
+            let moe = prep.modern_layer(&c, true, false).total();
+            let dense = if spec.first_dense_layers > 0 {
+                prep.modern_layer(&c, false, false).total()
+            } else {
+                0.0
+            };
+            tokens * dense.max(moe)
+        } else {
+            tokens * prep.modern_layer(&c, false, false).total()
+        };
+        let embedding_per_mb = if korthikanti { h / c.rep } else { 8.0 } * tokens;
+        let logits_per_mb = if korthikanti {
+            0.0
+        } else {
+            tokens
+                * (2.0 * c.e * h / c.rep
+                    + prep.norm_stat_bytes / c.rep
+                    + l.logits_bytes * spec.vocab_size as f64 / t
+                    + 8.0)
+        };
+        let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
+        let dense_group = l.dp * l.cp;
+        let pp = l.pp as u64;
+        let vpp = l.vpp as u64;
+        Config {
+            prep,
+            l,
+            recompute,
+            tokens,
+            dense_acts,
+            moe_acts,
+            checkpoint,
+            working,
+            embedding_per_mb,
+            logits_per_mb,
+            dense_layer: prep.dense_layer.per_rank(t, l.ep, kv_fraction),
+            moe_layer: prep.moe_layer.per_rank(t, l.ep, kv_fraction),
+            dense_group,
+            expert_group: dense_group / l.ep,
+            pp,
+            vpp,
+            chunk: spec.num_layers / (pp * vpp),
+        }
+    }
+
+    /// (dense, MoE) layers held by `stage`.
+    fn layer_counts(&self, stage: u64) -> (f64, f64) {
+        stage_layer_counts(&self.prep.spec, stage, self.pp, self.vpp, self.chunk)
+    }
+
+    /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers.
+    fn stage(&self, stage: u64, (n_dense, n_moe): (f64, f64)) -> Breakdown {
+        let (prep, l, spec) = (self.prep, self.l, &self.prep.spec);
+        let (pp, vpp) = (self.pp, self.vpp);
+        let t = l.tp;
+        let first = stage == 0;
+        let last = stage == pp - 1;
+
+        // Sharding of model states.
+        let z = l.zero;
+        let shard = |states: f64, threshold: f64, group: f64| {
+            if z >= threshold {
+                states / group
+            } else {
+                states
+            }
+        };
+        let mut dense_params = n_dense * self.dense_layer.0 + n_moe * self.moe_layer.0;
+        let expert_params = n_dense * self.dense_layer.1 + n_moe * self.moe_layer.1;
         if first {
             dense_params += prep.embedding / t + prep.positions;
         }
@@ -517,14 +587,15 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
         }
         let per_param = |bytes: f64, threshold: f64| {
             bytes
-                * (shard(dense_params, threshold, dense_group)
-                    + shard(expert_params, threshold, expert_group))
+                * (shard(dense_params, threshold, self.dense_group)
+                    + shard(expert_params, threshold, self.expert_group))
         };
-        let params = ceil(per_param(weight_bytes, 3.0));
-        let grads = ceil(per_param(grad_bytes, 2.0));
-        let optimizer = ceil(per_param(optim_bytes, 1.0));
+        let params = ceil(per_param(l.param_bytes, 3.0));
+        let grads = ceil(per_param(l.grad_bytes + l.grad_buffer_bytes, 2.0));
+        let optimizer = ceil(per_param(l.master_bytes + l.optimizer_state_bytes, 1.0));
 
         // Micro-batches in flight on this stage, in units of "all the stage's layers once".
+        let m = l.grad_accum_steps;
         let remaining = (pp - stage) as f64;
         let in_flight = if pp == 1 {
             1.0
@@ -543,24 +614,28 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
             };
             chunks / vpp as f64
         };
-        let layer_tokens = tokens * in_flight;
+        let layer_tokens = self.tokens * in_flight;
         let (mut act_attention, mut act_mlp, mut act_norm, mut act_checkpoints) =
             (0.0, 0.0, 0.0, 0.0);
-        if recompute == Recompute::Full {
-            act_checkpoints = layer_tokens * (n_dense + n_moe) * checkpoint;
+        if self.recompute == Recompute::Full {
+            act_checkpoints = layer_tokens * (n_dense + n_moe) * self.checkpoint;
         } else {
-            act_attention =
-                layer_tokens * (n_dense * dense_acts.attention + n_moe * moe_acts.attention);
-            act_mlp = layer_tokens * (n_dense * dense_acts.mlp + n_moe * moe_acts.mlp);
-            act_norm = layer_tokens * (n_dense * dense_acts.norm + n_moe * moe_acts.norm);
+            let (d, e) = (&self.dense_acts, &self.moe_acts);
+            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention);
+            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp);
+            act_norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
         }
         let act_embedding = if first {
-            embedding_per_mb * in_flight
+            self.embedding_per_mb * in_flight
         } else {
             0.0
         };
-        let act_logits = if last { logits_per_mb } else { 0.0 };
-        let act_working = if n_dense + n_moe > 0.0 { working } else { 0.0 };
+        let act_logits = if last { self.logits_per_mb } else { 0.0 };
+        let act_working = if n_dense + n_moe > 0.0 {
+            self.working
+        } else {
+            0.0
+        };
         let activations = ceil(
             act_attention
                 + act_mlp
@@ -570,25 +645,21 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
                 + act_checkpoints
                 + act_working,
         );
-        let total = params + grads + optimizer + activations + l.overhead_bytes;
-        if total > best.total {
-            best = Breakdown {
-                params,
-                grads,
-                optimizer,
-                activations,
-                overhead: l.overhead_bytes,
-                total,
-                act_attention,
-                act_mlp,
-                act_norm,
-                act_embedding,
-                act_logits,
-                act_checkpoints,
-                act_working,
-                stage: stage as f64,
-            };
+        Breakdown {
+            params,
+            grads,
+            optimizer,
+            activations,
+            overhead: l.overhead_bytes,
+            total: params + grads + optimizer + activations + l.overhead_bytes,
+            act_attention,
+            act_mlp,
+            act_norm,
+            act_embedding,
+            act_logits,
+            act_checkpoints,
+            act_working,
+            stage: stage as f64,
         }
     }
-    Ok(best)
 }

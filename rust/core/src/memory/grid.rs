@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{estimate, Breakdown, Prepared, N_OUTPUT_FIELDS};
 use crate::memory::layout::{Layout, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
@@ -21,15 +22,38 @@ pub struct GridInput<'a> {
 /// Cells handed to a worker at a time.
 const CHUNK: usize = 4096;
 
-/// Evaluate every cell of `shape`; returns a row-major `(cells, N_OUTPUT_FIELDS)` table.
+/// The estimates of a grid, column by column.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GridTable {
+    /// `(N_OUTPUT_FIELDS, cells)` row-major: field `f` of cell `c` is `values[f * cells + c]`,
+    /// so each field is one contiguous array. NaN in invalid cells.
+    pub values: Vec<f64>,
+    /// 0 for a valid cell, else the [`Invalid`](crate::memory::Invalid) code.
+    pub reasons: Vec<u8>,
+}
+
+impl GridTable {
+    /// Number of cells.
+    pub fn cells(&self) -> usize {
+        self.reasons.len()
+    }
+
+    /// One field of every cell.
+    pub fn field(&self, index: usize) -> &[f64] {
+        let cells = self.cells();
+        &self.values[index * cells..(index + 1) * cells]
+    }
+}
+
+/// Evaluate every cell of `shape`, the last axis fastest.
 ///
-/// Invalid cells do not fail the grid: their row is NaN but for the `reason` column.
+/// Invalid cells do not fail the grid: their values are NaN and their reason is set.
 /// Errors are reserved for a bad spec or inconsistent buffers (a caller bug).
 pub fn estimate_grid(
     spec: &ModelSpec,
     shape: &[usize],
     inputs: &[GridInput<'_>],
-) -> Result<Vec<f64>> {
+) -> Result<GridTable> {
     spec.validate()?;
     if inputs.len() != N_LAYOUT_FIELDS {
         return Err(Error::invalid(format!(
@@ -67,53 +91,106 @@ pub fn estimate_grid(
             }
         }
     }
-    let prepared = Prepared::new(spec);
-    let mut rows: Vec<[f64; N_OUTPUT_FIELDS]> = Vec::new();
-    rows.try_reserve_exact(cells).map_err(|_| {
-        Error::overflow(format!(
+    if values
+        .checked_mul(std::mem::size_of::<f64>())
+        .is_none_or(|bytes| bytes > isize::MAX as usize)
+    {
+        return Err(Error::overflow(format!(
             "a grid of {cells} cells needs {} MB for its results",
             values / 125_000
-        ))
-    })?;
-    // The result table is hundreds of MB for millions of cells: page faults on 4 KiB pages
-    // would cost as much as the arithmetic.
-    crate::buffers::advise_huge_pages(rows.spare_capacity_mut());
-    // Indexed collect writes each row once, straight into the reserved buffer.
-    (0..cells)
-        .into_par_iter()
-        .with_min_len(CHUNK)
-        .map_init(
-            || Cursor::new(shape, inputs),
-            |cursor, cell| {
-                cursor.seek(cell);
-                let layout = Layout::from_values(&cursor.values());
-                match estimate(&prepared, &layout) {
-                    Ok(breakdown) => breakdown.to_values(),
-                    Err(reason) => Breakdown::invalid_values(reason),
+        )));
+    }
+    // The table is hundreds of MB for millions of cells: lazily mapped zeroed buffers
+    // advised for huge pages keep the page faults from costing as much as the arithmetic.
+    let mut table = GridTable {
+        values: zeroed_vec!(f64, values),
+        reasons: zeroed_vec!(u8, cells),
+    };
+    let prepared = Prepared::new(spec);
+    for_each_block(&mut table, |first, columns, reasons| {
+        let mut cursor = Cursor::new(shape, inputs);
+        for (i, reason) in reasons.iter_mut().enumerate() {
+            cursor.seek(first + i);
+            let layout = Layout::from_values(cursor.values());
+            let row = match estimate(&prepared, &layout) {
+                Ok(breakdown) => breakdown.to_values(),
+                Err(invalid) => {
+                    *reason = invalid.code();
+                    [f64::NAN; N_OUTPUT_FIELDS]
                 }
-            },
-        )
-        .collect_into_vec(&mut rows);
-    Ok(rows.into_flattened())
+            };
+            for (column, value) in columns.iter_mut().zip(row) {
+                column[i] = value;
+            }
+        }
+    });
+    Ok(table)
 }
 
-/// Walks the cells of a grid, keeping each input's offset up to date.
+/// Run `work(first_cell, columns, reasons)` over blocks of [`CHUNK`] cells in parallel,
+/// each block holding its slice of every column.
+fn for_each_block<F>(table: &mut GridTable, work: F)
+where
+    F: Fn(usize, &mut [&mut [f64]], &mut [u8]) + Sync,
+{
+    let cells = table.reasons.len();
+    if cells == 0 {
+        return;
+    }
+    let mut columns: Vec<_> = table
+        .values
+        .chunks_mut(cells)
+        .map(|column| column.chunks_mut(CHUNK))
+        .collect();
+    let blocks: Vec<(Vec<&mut [f64]>, &mut [u8])> = table
+        .reasons
+        .chunks_mut(CHUNK)
+        .map(|reasons| {
+            let block = columns.iter_mut().filter_map(Iterator::next).collect();
+            (block, reasons)
+        })
+        .collect();
+    blocks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(b, (mut block, reasons))| work(b * CHUNK, &mut block, reasons));
+}
+
+/// Walks the cells of a grid, keeping each input's offset and value up to date.
+///
+/// Most inputs of a sweep are scalars and most steps move along the last axis only, so a
+/// step touches just the inputs that vary along the axes it moves: per axis, the list of
+/// (input, stride) pairs with a non-zero stride.
 struct Cursor<'s, 'a> {
     shape: &'s [usize],
     inputs: &'s [GridInput<'a>],
     index: Vec<usize>,
+    moving: Vec<Vec<(usize, usize)>>,
     offsets: [usize; N_LAYOUT_FIELDS],
+    values: [f64; N_LAYOUT_FIELDS],
     /// The flat cell the cursor is on (`usize::MAX` before the first seek).
     cell: usize,
 }
 
 impl<'s, 'a> Cursor<'s, 'a> {
     fn new(shape: &'s [usize], inputs: &'s [GridInput<'a>]) -> Self {
+        let moving = (0..shape.len())
+            .map(|d| {
+                inputs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, input)| input.strides[d] != 0)
+                    .map(|(field, input)| (field, input.strides[d]))
+                    .collect()
+            })
+            .collect();
         Cursor {
             shape,
             inputs,
             index: vec![0; shape.len()],
+            moving,
             offsets: [0; N_LAYOUT_FIELDS],
+            values: [0.0; N_LAYOUT_FIELDS],
             cell: usize::MAX,
         }
     }
@@ -128,41 +205,44 @@ impl<'s, 'a> Cursor<'s, 'a> {
                 self.index[d] = rest % self.shape[d];
                 rest /= self.shape[d];
             }
-            for (offset, input) in self.offsets.iter_mut().zip(self.inputs) {
-                *offset = self
+            for (field, input) in self.inputs.iter().enumerate() {
+                let offset = self
                     .index
                     .iter()
                     .zip(input.strides)
                     .map(|(i, s)| i * s)
                     .sum();
+                self.offsets[field] = offset;
+                self.values[field] = input.data[offset];
             }
         }
         self.cell = cell;
     }
 
-    /// Advance the multi-index (last axis fastest) and every input's offset with it.
+    /// Advance the multi-index (last axis fastest) and the inputs that move with it.
     fn advance(&mut self) {
         for d in (0..self.shape.len()).rev() {
             self.index[d] += 1;
-            for (offset, input) in self.offsets.iter_mut().zip(self.inputs) {
-                *offset += input.strides[d];
+            let wrapped = self.index[d] == self.shape[d];
+            if wrapped {
+                self.index[d] = 0;
             }
-            if self.index[d] < self.shape[d] {
+            for &(field, stride) in &self.moving[d] {
+                if wrapped {
+                    self.offsets[field] -= stride * (self.shape[d] - 1);
+                } else {
+                    self.offsets[field] += stride;
+                }
+                self.values[field] = self.inputs[field].data[self.offsets[field]];
+            }
+            if !wrapped {
                 return;
             }
-            for (offset, input) in self.offsets.iter_mut().zip(self.inputs) {
-                *offset -= input.strides[d] * self.shape[d];
-            }
-            self.index[d] = 0;
         }
     }
 
-    fn values(&self) -> [f64; N_LAYOUT_FIELDS] {
-        let mut values = [0.0; N_LAYOUT_FIELDS];
-        for ((value, input), &offset) in values.iter_mut().zip(self.inputs).zip(&self.offsets) {
-            *value = input.data[offset];
-        }
-        values
+    fn values(&self) -> &[f64; N_LAYOUT_FIELDS] {
+        &self.values
     }
 }
 

@@ -9,8 +9,10 @@ pub mod grid;
 pub mod layout;
 pub mod spec;
 
-pub use estimate::{validate, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS};
-pub use grid::{estimate_grid, estimate_one, GridInput};
+pub use estimate::{
+    estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS,
+};
+pub use grid::{estimate_grid, estimate_one, GridInput, GridTable};
 pub use layout::{
     ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
 };

@@ -375,21 +375,30 @@ fn grid_broadcasts_and_marks_invalid_cells() {
         strides: &[1, 0],
     };
     let out = estimate_grid(&spec, &[3, 2], &inputs).unwrap();
-    assert_eq!(out.len(), 6 * N_OUTPUT_FIELDS);
-    for (cell, row) in out.chunks(N_OUTPUT_FIELDS).enumerate() {
+    assert_eq!(out.cells(), 6);
+    assert_eq!(out.values.len(), 6 * N_OUTPUT_FIELDS);
+    let mut invalid = 0;
+    for cell in 0..6 {
         let layout = Layout {
             tp: tp[cell / 2],
             seq_len: seq[cell % 2],
             ..Layout::default()
         };
+        let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[cell]).collect();
         match estimate_one(&spec, &layout).unwrap() {
-            Ok(b) => assert_eq!(row, b.to_values()),
+            Ok(b) => {
+                assert_eq!(row, b.to_values());
+                assert_eq!(out.reasons[cell], 0);
+            }
             Err(reason) => {
-                assert_eq!(row[N_OUTPUT_FIELDS - 1], f64::from(reason.code()));
-                assert!(row[5].is_nan());
+                invalid += 1;
+                assert_eq!(out.reasons[cell], reason.code());
+                assert!(row.iter().all(|v| v.is_nan()));
             }
         }
     }
+    // tp = 3 divides neither the 32 heads nor the 8 KV heads.
+    assert_eq!(invalid, 2);
     let bad = GridInput {
         data: &tp,
         strides: &[1, 1],
@@ -453,4 +462,122 @@ proptest! {
             prop_assert!(r.activations <= b.activations);
         }
     }
+}
+
+proptest! {
+    #[test]
+    fn the_reported_stage_is_the_first_busiest(
+        (seq_len, mb, dp, tp, zero, recompute, model) in (
+            prop::sample::select(vec![1024.0, 8192.0]),
+            1u32..4,
+            prop::sample::select(vec![1.0, 8.0]),
+            prop::sample::select(vec![1.0, 4.0]),
+            0u32..4,
+            0u32..3,
+            0u32..2,
+        ),
+        pp in prop::sample::select(vec![1.0, 2.0, 4.0, 8.0]),
+        vpp in prop::sample::select(vec![1.0, 2.0]),
+        accum in 0u32..12,
+        first_dense in 0u64..6,
+        tied in any::<bool>(),
+    ) {
+        // Dense, MoE and MoE with leading dense layers (DeepSeek-shaped, 64 layers so
+        // that every pp divides), so stages differ in their layers as well as in flight.
+        let deepseek = ModelSpec { num_layers: 64, first_dense_layers: first_dense, ..deepseek_v3() };
+        let llama = ModelSpec { tied_embeddings: tied, ..llama_8b() };
+        for spec in [llama, mixtral(), deepseek] {
+            let layout = Layout {
+                seq_len,
+                micro_batch: f64::from(mb),
+                dp,
+                tp,
+                pp,
+                vpp,
+                zero: f64::from(zero),
+                recompute: f64::from(recompute),
+                activation_model: f64::from(model),
+                grad_accum_steps: f64::from(accum),
+                ..Layout::default()
+            };
+            let prep = Prepared::new(&spec);
+            let Ok(stages) = estimate_stages(&prep, &layout) else { continue };
+            let busiest = stages
+                .iter()
+                .fold(None::<&Breakdown>, |best, b| match best {
+                    Some(best) if best.total >= b.total => Some(best),
+                    _ => Some(b),
+                })
+                .unwrap();
+            prop_assert_eq!(estimate(&prep, &layout).unwrap(), *busiest);
+        }
+    }
+}
+
+#[test]
+fn grid_cells_across_blocks_equal_single_estimates() {
+    // More cells than one worker block, four axes moving at different rates, so the
+    // cursor both steps, wraps and restarts at block boundaries.
+    let spec = llama_8b();
+    let defaults = Layout::default().to_values();
+    let shape = [7usize, 5, 3, 41];
+    let dp = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];
+    let tp = [1.0, 2.0, 4.0, 8.0, 5.0];
+    let pp = [1.0, 2.0, 4.0];
+    let micro: Vec<f64> = (1..=41).map(f64::from).collect();
+    let zero = [0.0, 1.0, 2.0, 3.0, 1.0, 2.0, 3.0];
+    let scalar = [0usize; 4];
+    let mut inputs: Vec<GridInput<'_>> = defaults
+        .iter()
+        .map(|v| GridInput {
+            data: std::slice::from_ref(v),
+            strides: &scalar,
+        })
+        .collect();
+    inputs[1] = GridInput {
+        data: &micro,
+        strides: &[0, 0, 0, 1],
+    };
+    inputs[2] = GridInput {
+        data: &dp,
+        strides: &[1, 0, 0, 0],
+    };
+    inputs[3] = GridInput {
+        data: &tp,
+        strides: &[0, 1, 0, 0],
+    };
+    inputs[4] = GridInput {
+        data: &pp,
+        strides: &[0, 0, 1, 0],
+    };
+    inputs[8] = GridInput {
+        data: &zero,
+        strides: &[1, 0, 0, 0],
+    };
+    let out = estimate_grid(&spec, &shape, &inputs).unwrap();
+    assert!(out.cells() > 4096);
+    let mut cell = 0;
+    for (a, (&dp, &zero)) in dp.iter().zip(&zero).enumerate() {
+        for &tp in &tp {
+            for &pp in &pp {
+                for &micro_batch in &micro {
+                    let layout = Layout {
+                        dp,
+                        zero,
+                        tp,
+                        pp,
+                        micro_batch,
+                        ..Layout::default()
+                    };
+                    let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[cell]).collect();
+                    match estimate_one(&spec, &layout).unwrap() {
+                        Ok(b) => assert_eq!(row, b.to_values(), "cell {cell} (axis 0 = {a})"),
+                        Err(reason) => assert_eq!(out.reasons[cell], reason.code()),
+                    }
+                    cell += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cell, out.cells());
 }
