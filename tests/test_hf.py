@@ -106,6 +106,56 @@ def test_every_token_once_with_consistent_metadata(
     assert packing.n_seqs == len(lengths)
 
 
+def test_every_value_type_is_copied_exactly() -> None:
+    # Fixed-width values are copied segment by segment in Rust; booleans, strings, nested
+    # lists and lists with null values go through Arrow take. Both must give each row the
+    # concatenation of its segments, value for value and type for type.
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 40, 300)
+    tokens = [rng.integers(-100, 100, n).tolist() for n in lengths]
+    typed = {
+        "i8": pa.int8(),
+        "i16": pa.int16(),
+        "u32": pa.uint32(),
+        "i64": pa.int64(),
+        "f16": pa.float16(),
+        "f32": pa.float32(),
+        "f64": pa.float64(),
+    }
+    columns: dict[str, Any] = {
+        name: pa.array(
+            [
+                [np.float16(abs(t)) if kind == pa.float16() else abs(t) for t in row]
+                for row in tokens
+            ],
+            type=pa.list_(kind),
+        )
+        for name, kind in typed.items()
+    }
+    columns["flag"] = pa.array([[t > 0 for t in row] for row in tokens], pa.list_(pa.bool_()))
+    columns["text"] = pa.array([[str(t) for t in row] for row in tokens], pa.list_(pa.string()))
+    columns["nested"] = pa.array([[[t, t] for t in row] for row in tokens])
+    columns["holes"] = pa.array(
+        [[None if t % 7 == 0 else t for t in row] for row in tokens], pa.list_(pa.int32())
+    )
+    table = pa.table(columns)
+    packed, packing = pack_table(table, 97, oversize="split")
+    assert packed.schema.field("f16").type == pa.list_(pa.float16())
+    source = table.to_pydict()
+    out = packed.to_pydict()
+    segments = [
+        [(int(r), int(s), int(n)) for r, s, n in zip(*packing.segments(b), strict=True) if n]
+        for b in range(packing.n_bins)
+    ]
+    segments = [bin_ for bin_ in segments if bin_]
+    for name in columns:
+        expected = [
+            [value for row, start, n in bin_ for value in source[name][row][start : start + n]]
+            for bin_ in segments
+        ]
+        assert out[name] == expected, name
+
+
 def test_global_packing_is_one_pack_over_all_rows() -> None:
     lengths = tb.datasets.example_lengths("chat", 3_000, max_length=1024, seed=4)
     table = pa.table(

@@ -13,6 +13,7 @@ __all__ = [
     "Schedule",
     "__version__",
     "batch_padded",
+    "gather_segments",
     "get_num_threads",
     "memory_fields",
     "memory_grid",
@@ -45,6 +46,14 @@ def batch_padded(
     pad_to_multiple_of: int,
     oversize: str,
 ) -> _RawPacking: ...
+
+# --- gather ---
+
+_Words = (
+    npt.NDArray[np.uint8] | npt.NDArray[np.uint16] | npt.NDArray[np.uint32] | npt.NDArray[np.uint64]
+)
+
+def gather_segments(values: _Words, starts: _I64, lengths: _I64) -> _Words: ...
 
 # --- schedule ---
 

@@ -3,9 +3,10 @@
 :func:`pack_dataset` packs a ``datasets.Dataset`` (or a ``pyarrow.Table``) of token lists
 into rows of at most ``max_tokens`` tokens, in one packing over the whole dataset, and
 adds the ``seq_lengths`` column (and optionally ``position_ids``) that padding-free
-training with Hugging Face and TRL trainers reads. The packing runs in the Rust core and
-the rows are assembled with Arrow ``take`` over the token buffers, without a Python loop
-over rows.
+training with Hugging Face and TRL trainers reads. The packing runs in the Rust core, and
+so does the assembly of the rows: each packed sequence is copied out of the token buffer
+in one piece, in parallel (Arrow ``take`` for value types that are not fixed-width), with
+no Python loop over rows.
 
 Needs the ``hf`` extra (``pip install 'tokenbatch[hf]'``): ``pyarrow`` and, for
 ``datasets.Dataset`` inputs, ``datasets``.
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch._core import get_num_threads
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
@@ -185,6 +187,9 @@ def pack_table(
         pa.types.is_large_list(array.type) or _CHUNK_TOKENS + budget > _INT32_MAX
         for array in arrays
     ]
+    # Fixed-width values are copied segment by segment in Rust; the others (nulls inside
+    # lists, booleans, strings, nested lists) go through Arrow `take` with a token index.
+    words = [_as_words(array.values) for array in arrays]
     local = threading.local()  # each thread's reused gather buffers
     buffer_size = min(int(out_starts[-1]), _CHUNK_TOKENS + budget)
 
@@ -198,15 +203,28 @@ def pack_table(
         list_offsets = row_offsets[first_bin : end_bin + 1] - t0
         buffers: dict[int, Any] = local.__dict__.setdefault("buffers", {})
         gathers: dict[int, Any] = {}
-        for j in sources:
-            if j not in buffers:
-                wide = int(all_offsets[j][-1]) > _INT32_MAX
-                buffers[j] = np.empty(buffer_size, dtype=np.int64 if wide else np.int32)
-            gathers[j] = _gather_index(
-                sources[j][s0:s1], lengths_here, starts_here, buffers[j][:count]
-            )
+
+        def take(i: int) -> Any:
+            j = owner[i]
+            if j not in gathers:
+                if j not in buffers:
+                    wide = int(all_offsets[j][-1]) > _INT32_MAX
+                    buffers[j] = np.empty(buffer_size, dtype=np.int64 if wide else np.int32)
+                gathers[j] = _gather_index(
+                    sources[j][s0:s1], lengths_here, starts_here, buffers[j][:count]
+                )
+            return arrays[i].values.take(gathers[j])
+
+        def values(i: int) -> Any:
+            source = words[i]
+            if source is None:
+                return take(i)
+            copied = _core.gather_segments(source, sources[owner[i]][s0:s1], lengths_here)
+            value_type = arrays[i].type.value_type
+            return pa.array(copied.view(value_type.to_pandas_dtype()), type=value_type)
+
         columns = [
-            _list_from(list_offsets, array.values.take(gathers[owner[i]]), array.type, large[i])
+            _list_from(list_offsets, values(i), array.type, large[i])
             for i, array in enumerate(arrays)
         ]
         positions_chunk = None
@@ -276,6 +294,21 @@ def _gather_index(source_starts: _I64, lengths: _I64, out_starts: _I64, out: Any
     out[out_starts] = jumps
     np.cumsum(out, out=out)
     return pa.array(out)
+
+
+def _as_words(values: pa.Array) -> npt.NDArray[np.unsignedinteger[Any]] | None:
+    """Fixed-width values without nulls as the unsigned integers of their width (a view,
+    no copy), for the Rust segment copy; ``None`` for values Arrow must gather."""
+    import pyarrow as pa
+
+    kind = values.type
+    if values.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        return None
+    array = values.to_numpy(zero_copy_only=True)
+    if not array.flags.aligned:
+        return None
+    words: npt.NDArray[np.unsignedinteger[Any]] = array.view(f"u{array.itemsize}")
+    return words
 
 
 def _import_datasets(dataset: object) -> Any:

@@ -6,6 +6,7 @@
 
 mod buffers;
 pub mod error;
+pub mod gather;
 pub mod memory;
 pub mod packing;
 pub mod parallel;

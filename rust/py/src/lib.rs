@@ -6,6 +6,7 @@
 
 mod arrays;
 mod error;
+mod gather;
 mod memory;
 mod packing;
 mod parallel;
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    gather::register(m)?;
     memory::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
