@@ -38,7 +38,10 @@ where
                 "segment {i} has start {start} and length {length}; both must be >= 0"
             )));
         };
-        if first.checked_add(count).is_none_or(|end| end > values.len()) {
+        if first
+            .checked_add(count)
+            .is_none_or(|end| end > values.len())
+        {
             return Err(Error::invalid(format!(
                 "segment {i} ({start}..{start}+{length}) reaches past the {} source values",
                 values.len()
@@ -148,7 +151,10 @@ mod tests {
         assert!(gather_segments(&values, &[0], &[-1]).is_err());
         assert!(gather_segments(&values, &[2], &[2]).is_err());
         assert!(gather_segments(&values, &[i64::MAX], &[i64::MAX]).is_err());
-        assert_eq!(gather_segments(&values, &[2, 0], &[1, 2]).unwrap(), vec![3, 1, 2]);
+        assert_eq!(
+            gather_segments(&values, &[2, 0], &[1, 2]).unwrap(),
+            vec![3, 1, 2]
+        );
         assert!(gather_segments(&values, &[], &[]).unwrap().is_empty());
     }
 }

@@ -202,60 +202,55 @@ fn divides(d: f64, n: u64) -> bool {
     }
 }
 
-/// Check a configuration against the model; the first problem found is returned.
+/// Check a configuration against the model; the first problem found is returned (fields
+/// in [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS) order, then how they fit the model).
 pub fn validate(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
-    let positive = [
-        (l.seq_len, Invalid::SeqLen),
-        (l.micro_batch, Invalid::MicroBatch),
-        (l.dp, Invalid::Dp),
-        (l.tp, Invalid::Tp),
-        (l.pp, Invalid::Pp),
-        (l.cp, Invalid::Cp),
-        (l.ep, Invalid::Ep),
-        (l.vpp, Invalid::Vpp),
-    ];
-    for (value, reason) in positive {
-        if !is_pos_int(value) {
-            return Err(reason);
-        }
+    for (field, &value) in l.to_values().iter().enumerate() {
+        check_field(field, value)?;
     }
-    if !(l.zero.is_finite() && is_whole(l.zero) && (0.0..=3.0).contains(&l.zero)) {
-        return Err(Invalid::Zero);
+    validate_fit(spec, l)
+}
+
+/// Check the value of field `field` (an index into
+/// [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS)) on its own.
+///
+/// A grid checks each distinct value of an input once with this, rather than every field
+/// of every cell.
+pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
+    let (ok, reason) = match field {
+        0 => (is_pos_int(x), Invalid::SeqLen),
+        1 => (is_pos_int(x), Invalid::MicroBatch),
+        2 => (is_pos_int(x), Invalid::Dp),
+        3 => (is_pos_int(x), Invalid::Tp),
+        4 => (is_pos_int(x), Invalid::Pp),
+        5 => (is_pos_int(x), Invalid::Cp),
+        6 => (is_pos_int(x), Invalid::Ep),
+        7 => (is_pos_int(x), Invalid::Vpp),
+        8 => (
+            x.is_finite() && is_whole(x) && (0.0..=3.0).contains(&x),
+            Invalid::Zero,
+        ),
+        9 => (is_flag(x), Invalid::SequenceParallel),
+        10 => (x == 0.0 || x == 1.0 || x == 2.0, Invalid::Recompute),
+        11 => (
+            x.is_finite() && x >= 0.0 && is_whole(x),
+            Invalid::GradAccumSteps,
+        ),
+        19 => (is_flag(x), Invalid::ActivationModel),
+        20 => (is_flag(x), Invalid::Attention),
+        21 => (is_flag(x), Invalid::FusedSwiglu),
+        // 12..=18 and 22: byte counts.
+        _ => (x.is_finite() && x >= 0.0, Invalid::Bytes),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(reason)
     }
-    if !is_flag(l.sequence_parallel) {
-        return Err(Invalid::SequenceParallel);
-    }
-    if !(l.recompute == 0.0 || l.recompute == 1.0 || l.recompute == 2.0) {
-        return Err(Invalid::Recompute);
-    }
-    if !(l.grad_accum_steps.is_finite()
-        && l.grad_accum_steps >= 0.0
-        && is_whole(l.grad_accum_steps))
-    {
-        return Err(Invalid::GradAccumSteps);
-    }
-    let bytes = [
-        l.param_bytes,
-        l.grad_bytes,
-        l.grad_buffer_bytes,
-        l.master_bytes,
-        l.optimizer_state_bytes,
-        l.activation_bytes,
-        l.logits_bytes,
-        l.overhead_bytes,
-    ];
-    if bytes.iter().any(|b| !(b.is_finite() && *b >= 0.0)) {
-        return Err(Invalid::Bytes);
-    }
-    if !is_flag(l.activation_model) {
-        return Err(Invalid::ActivationModel);
-    }
-    if !is_flag(l.attention) {
-        return Err(Invalid::Attention);
-    }
-    if !is_flag(l.fused_swiglu) {
-        return Err(Invalid::FusedSwiglu);
-    }
+}
+
+/// Check how a configuration whose fields each passed [`check_field`] fits the model.
+fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
     if !divides(l.tp, spec.num_heads) {
         return Err(Invalid::TpHeads);
     }
@@ -405,6 +400,17 @@ fn stage_layer_counts(spec: &ModelSpec, stage: u64, pp: u64, vpp: u64, chunk: u6
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
     validate(&prep.spec, l)?;
+    Ok(estimate_valid(prep, l))
+}
+
+/// [`estimate`] for a layout whose fields each passed [`check_field`].
+pub(crate) fn estimate_checked_fields(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
+    validate_fit(&prep.spec, l)?;
+    Ok(estimate_valid(prep, l))
+}
+
+/// The busiest stage of a valid configuration.
+fn estimate_valid(prep: &Prepared, l: &Layout) -> Breakdown {
     let config = Config::new(prep, l);
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
@@ -427,7 +433,7 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
             best = candidate;
         }
     }
-    Ok(best)
+    best
 }
 
 /// The breakdown of every pipeline stage of a configuration (the spec must have been

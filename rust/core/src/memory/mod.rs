@@ -10,7 +10,8 @@ pub mod layout;
 pub mod spec;
 
 pub use estimate::{
-    estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS,
+    check_field, estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS,
+    OUTPUT_FIELDS,
 };
 pub use grid::{estimate_grid, estimate_one, GridInput, GridTable};
 pub use layout::{

@@ -521,11 +521,15 @@ fn grid_cells_across_blocks_equal_single_estimates() {
     let spec = llama_8b();
     let defaults = Layout::default().to_values();
     let shape = [7usize, 5, 3, 41];
-    let dp = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0];
+    // Invalid values too: dp = 0 and zero = 4 in the same cells (dp is reported, being
+    // the earlier field), tp = 5 and pp = 3 (they do not fit the model), micro_batch -1
+    // (reported before dp where both are bad).
+    let dp = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 0.0];
     let tp = [1.0, 2.0, 4.0, 8.0, 5.0];
-    let pp = [1.0, 2.0, 4.0];
-    let micro: Vec<f64> = (1..=41).map(f64::from).collect();
-    let zero = [0.0, 1.0, 2.0, 3.0, 1.0, 2.0, 3.0];
+    let pp = [1.0, 2.0, 3.0];
+    let mut micro: Vec<f64> = (1..=41).map(f64::from).collect();
+    micro[7] = -1.0;
+    let zero = [0.0, 1.0, 2.0, 3.0, 1.0, 2.0, 4.0];
     let scalar = [0usize; 4];
     let mut inputs: Vec<GridInput<'_>> = defaults
         .iter()
@@ -580,4 +584,25 @@ fn grid_cells_across_blocks_equal_single_estimates() {
         }
     }
     assert_eq!(cell, out.cells());
+    let count = |reason: Invalid| out.reasons.iter().filter(|&&r| r == reason.code()).count();
+    // micro_batch comes before dp in field order.
+    assert_eq!(count(Invalid::Dp), 5 * 3 * 40);
+    assert_eq!(count(Invalid::Zero), 0);
+    assert_eq!(count(Invalid::MicroBatch), 7 * 5 * 3);
+    assert!(count(Invalid::TpHeads) > 0 && count(Invalid::PpLayers) > 0);
+}
+
+#[test]
+fn each_field_check_names_its_field() {
+    let defaults = Layout::default().to_values();
+    for (field, name) in LAYOUT_FIELDS.iter().enumerate() {
+        assert_eq!(check_field(field, defaults[field]), Ok(()), "{name}");
+        let reason = check_field(field, f64::NAN).unwrap_err();
+        let message = reason.message();
+        assert!(
+            message.starts_with(name) || (reason == Invalid::Bytes && name.ends_with("_bytes")),
+            "{name}: {message}"
+        );
+        assert_eq!(check_field(field, -1.0).unwrap_err(), reason, "{name}");
+    }
 }
