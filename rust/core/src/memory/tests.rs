@@ -352,28 +352,32 @@ fn expert_parallelism_splits_only_experts() {
     assert_eq!(b1.activations, b8.activations);
 }
 
+/// Grid inputs holding `defaults` as scalars, except the listed `(field, values, strides)`.
+fn grid_inputs<'a>(
+    defaults: &'a [f64],
+    scalar_strides: &'a [usize],
+    varying: &[(usize, &'a [f64], &'a [usize])],
+) -> Vec<GridInput<'a>> {
+    let mut inputs: Vec<GridInput<'a>> = defaults
+        .iter()
+        .map(|v| GridInput {
+            data: std::slice::from_ref(v),
+            strides: scalar_strides,
+        })
+        .collect();
+    for &(field, data, strides) in varying {
+        inputs[field] = GridInput { data, strides };
+    }
+    inputs
+}
+
 #[test]
 fn grid_broadcasts_and_marks_invalid_cells() {
     let spec = llama_8b();
     let defaults = Layout::default().to_values();
     let tp = [1.0, 2.0, 3.0];
     let seq = [1024.0, 4096.0];
-    let zero_strides = [0usize, 0];
-    let mut inputs: Vec<GridInput<'_>> = defaults
-        .iter()
-        .map(|v| GridInput {
-            data: std::slice::from_ref(v),
-            strides: &zero_strides,
-        })
-        .collect();
-    inputs[0] = GridInput {
-        data: &seq,
-        strides: &[0, 1],
-    };
-    inputs[3] = GridInput {
-        data: &tp,
-        strides: &[1, 0],
-    };
+    let mut inputs = grid_inputs(&defaults, &[0, 0], &[(0, &seq, &[0, 1]), (3, &tp, &[1, 0])]);
     let out = estimate_grid(&spec, &[3, 2], &inputs).unwrap();
     assert_eq!(out.cells(), 6);
     assert_eq!(out.values.len(), 6 * N_OUTPUT_FIELDS);
@@ -530,34 +534,17 @@ fn grid_cells_across_blocks_equal_single_estimates() {
     let mut micro: Vec<f64> = (1..=41).map(f64::from).collect();
     micro[7] = -1.0;
     let zero = [0.0, 1.0, 2.0, 3.0, 1.0, 2.0, 4.0];
-    let scalar = [0usize; 4];
-    let mut inputs: Vec<GridInput<'_>> = defaults
-        .iter()
-        .map(|v| GridInput {
-            data: std::slice::from_ref(v),
-            strides: &scalar,
-        })
-        .collect();
-    inputs[1] = GridInput {
-        data: &micro,
-        strides: &[0, 0, 0, 1],
-    };
-    inputs[2] = GridInput {
-        data: &dp,
-        strides: &[1, 0, 0, 0],
-    };
-    inputs[3] = GridInput {
-        data: &tp,
-        strides: &[0, 1, 0, 0],
-    };
-    inputs[4] = GridInput {
-        data: &pp,
-        strides: &[0, 0, 1, 0],
-    };
-    inputs[8] = GridInput {
-        data: &zero,
-        strides: &[1, 0, 0, 0],
-    };
+    let inputs = grid_inputs(
+        &defaults,
+        &[0; 4],
+        &[
+            (1, &micro, &[0, 0, 0, 1]),
+            (2, &dp, &[1, 0, 0, 0]),
+            (3, &tp, &[0, 1, 0, 0]),
+            (4, &pp, &[0, 0, 1, 0]),
+            (8, &zero, &[1, 0, 0, 0]),
+        ],
+    );
     let out = estimate_grid(&spec, &shape, &inputs).unwrap();
     assert!(out.cells() > 4096);
     let mut cell = 0;
