@@ -18,7 +18,9 @@ Every step logs the loss, useful (non-padding) tokens per second and the padding
 trained on. ``--checkpoint-at K --checkpoint PATH`` saves model, optimizer and sampler
 state after global step K (``--stop-after-checkpoint`` then exits, as a crash would);
 ``--resume PATH`` continues from such a checkpoint with exactly the batches an
-uninterrupted run would have seen.
+uninterrupted run would have seen; with ``--allow-resize`` the checkpoint may come from
+a run on another number of processes, and the epoch finishes on this one with the
+sequences not yet used.
 """
 
 from __future__ import annotations
@@ -235,6 +237,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-at", type=int, default=0, help="global step to save at")
     parser.add_argument("--stop-after-checkpoint", action="store_true")
     parser.add_argument("--resume", type=Path)
+    parser.add_argument(
+        "--allow-resize", action="store_true", help="resume a checkpoint of another world size"
+    )
     parser.add_argument("--warmup-steps", type=int, default=2, help="left out of the summary")
     return parser.parse_args(argv)
 
@@ -327,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        sampler.load_state_dict(checkpoint["sampler"])
+        sampler.load_state_dict(checkpoint["sampler"], allow_resize=args.allow_resize)
         start_epoch, step = int(checkpoint["sampler"]["epoch"]), int(checkpoint["step"])
     ddp = DistributedDataParallel(model) if dist.is_initialized() else model
 

@@ -144,3 +144,31 @@ def test_stopped_and_resumed_run_sees_the_same_batches(two_ranks: Logs, tmp_path
         np.testing.assert_allclose(
             [r["loss"] for r in resumed], [r["loss"] for r in uninterrupted], rtol=1e-5
         )
+
+
+def test_resumed_on_fewer_ranks_finishes_the_epoch_with_each_sequence_once(
+    tmp_path: Path,
+) -> None:
+    # Four processes stop in the middle of the second epoch (a lost node); two resume
+    # from the checkpoint and finish that epoch.
+    stop = expected_steps_per_epoch(4) + 3
+    checkpoint = tmp_path / "checkpoint.pt"
+    first_dir, second_dir = tmp_path / "four", tmp_path / "two"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    first = torchrun(
+        4, first_dir, "--checkpoint", str(checkpoint),
+        "--checkpoint-at", str(stop), "--stop-after-checkpoint",
+    )  # fmt: skip
+    second = torchrun(2, second_dir, "--resume", str(checkpoint), "--allow-resize")
+    assert len({len(records) for records in second.values()}) == 1, "equal steps on both ranks"
+    assert [r["step"] for r in second[0]] == list(range(stop + 1, stop + 1 + len(second[0])))
+    used = [
+        i
+        for logs in (first, second)
+        for records in logs.values()
+        for record in records
+        if record["epoch"] == 1
+        for i in record["indices"]
+    ]
+    assert sorted(used) == list(range(N_SEQS)), "every sequence of the epoch exactly once"

@@ -306,6 +306,159 @@ def test_consumed_batches_counts_from_the_resumed_iteration() -> None:
     assert list(again) == expected[4:]
 
 
+def _run_resized(
+    lengths: Any, runs: list[tuple[int, int | None]], **options: Any
+) -> tuple[list[list[Any]], TokenBudgetBatchSampler]:
+    """Run one epoch as a job restarted on other world sizes: ``runs`` lists each run's
+    ``(num_replicas, steps)`` (``None``: to the end). Returns every batch of every rank
+    of every run, and the last run's rank-0 sampler."""
+    batches: list[list[Any]] = []
+    state = None
+    last = None
+    for replicas, steps in runs:
+        samplers = [
+            TokenBudgetBatchSampler(lengths, 4096, num_replicas=replicas, rank=r, **options)
+            for r in range(replicas)
+        ]
+        for sampler in samplers:
+            sampler.set_epoch(1)
+            if state is not None:
+                sampler.load_state_dict(state, allow_resize=True)
+        assert len({len(sampler) for sampler in samplers}) == 1, "equal steps on every rank"
+        for sampler in samplers:
+            iterator = iter(sampler)
+            take = len(sampler) - sampler.start_step if steps is None else steps
+            batches.extend(next(iterator) for _ in range(take))
+        state = samplers[0].state_dict()
+        last = samplers[0]
+    assert last is not None
+    return batches, last
+
+
+@pytest.mark.parametrize(
+    ("runs", "history"),
+    [
+        ([(4, 3), (3, None)], [[4, 3]]),
+        ([(2, 0), (5, None)], [[2, 0]]),
+        ([(3, 7), (2, 4), (4, None)], [[3, 7], [2, 4]]),
+        # A resume on the same size continues the run: 5 + 2 steps on 4 ranks.
+        ([(4, 5), (4, 2), (1, None)], [[4, 7]]),
+    ],
+)
+def test_resized_resume_uses_every_sequence_once(
+    runs: list[tuple[int, int | None]], history: list[list[int]]
+) -> None:
+    lengths = example_lengths("chat", 900, max_length=2048, seed=12)
+    batches, last = _run_resized(lengths, runs, seed=3)
+    used = Counter(i for batch in batches for i in batch)
+    assert sorted(used) == list(range(len(lengths)))
+    assert set(used.values()) == {1}
+    assert all(batch for batch in batches)
+    assert last.state_dict()["resized"] == history
+    # The next epoch is an ordinary epoch of the new world size.
+    replicas = runs[-1][0]
+    last.set_epoch(2)
+    fresh = TokenBudgetBatchSampler(lengths, 4096, num_replicas=replicas, rank=0, seed=3)
+    fresh.set_epoch(2)
+    assert list(last) == list(fresh)
+
+
+def test_resized_resume_is_the_same_on_every_rank_and_needs_consent() -> None:
+    lengths = example_lengths("chat", 700, max_length=2048, seed=13)
+    first = TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, rank=0, seed=2)
+    iterator = iter(first)
+    for _ in range(4):
+        next(iterator)
+    state = first.state_dict()
+    with pytest.raises(InvalidValueError, match="allow_resize=True"):
+        TokenBudgetBatchSampler(lengths, 4096, num_replicas=2, seed=2).load_state_dict(state)
+    plans = []
+    for rank in range(2):
+        sampler = TokenBudgetBatchSampler(lengths, 4096, num_replicas=2, rank=rank, seed=2)
+        sampler.load_state_dict(state, allow_resize=True)
+        assert sampler.start_step == 0
+        plans.append(sampler.plan().steps)
+    assert np.array_equal(plans[0], plans[1])
+    # Other options still have to match.
+    with pytest.raises(InvalidValueError, match="seed=2"):
+        TokenBudgetBatchSampler(lengths, 4096, num_replicas=2, seed=5).load_state_dict(
+            state, allow_resize=True
+        )
+    with pytest.raises(InvalidValueError, match="resized"):
+        TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, seed=2).load_state_dict(
+            {**state, "resized": [[4]]}
+        )
+    with pytest.raises(InvalidValueError, match="does not match the plan"):
+        TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, seed=2).load_state_dict(
+            {**state, "resized": [[4, 10**6]]}
+        )
+
+
+def test_resized_resume_with_a_schedule_counts_the_tokens_already_used() -> None:
+    from tokenbatch.schedule import LinearRamp
+
+    lengths = example_lengths("chat", 800, max_length=2048, seed=14)
+    ramp = LinearRamp(8192, 65536, 400_000, unit="tokens")
+    first = TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, rank=0, schedule=ramp)
+    iterator = iter(first)
+    taken = [next(iterator) for _ in range(6)]
+    assert taken
+    state = first.state_dict()
+    used = int(first.plan().step_costs("tokens")[:6].sum())  # packed: no padding
+    resumed = TokenBudgetBatchSampler(lengths, 4096, num_replicas=2, rank=0, schedule=ramp)
+    resumed.load_state_dict(state, allow_resize=True)
+    plan = resumed.plan()
+    tokens = plan.step_costs("tokens").reshape(-1).astype(np.int64)
+    expected = ramp.group_into_steps(tokens, 2, consumed_tokens=used)
+    assert np.array_equal(resumed.step_offsets(), expected)
+    with pytest.raises(InvalidValueError, match="drop_last=False"):
+        TokenBudgetBatchSampler(
+            lengths, 4096, num_replicas=2, schedule=ramp, drop_last=True
+        ).load_state_dict(
+            TokenBudgetBatchSampler(
+                lengths, 4096, num_replicas=4, schedule=ramp, drop_last=True
+            ).state_dict(),
+            allow_resize=True,
+        )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(40, 400),
+    first=st.integers(1, 6),
+    second=st.integers(1, 6),
+    fraction=st.floats(0, 1),
+    split=st.booleans(),
+)
+def test_resized_resume_property(
+    n: int, first: int, second: int, fraction: float, split: bool
+) -> None:
+    lengths = example_lengths("lognormal", n, max_length=4096, seed=n)
+    options: dict[str, Any] = {"seed": n, "oversize": "split" if split else "error"}
+    whole = TokenBudgetBatchSampler(lengths, 4096, num_replicas=first, **options)
+    steps = int(fraction * len(whole))
+    try:
+        batches, _ = _run_resized(lengths, [(first, steps), (second, None)], **options)
+    except InvalidValueError as error:
+        refused = str(error)
+    else:
+        refused = ""
+    if refused:
+        # Too few sequences left to give every new rank a batch: refused, never uneven.
+        assert "cannot be finished on" in refused
+        assert "cannot give each of" in refused
+        return
+    if split:
+        tokens: Counter[int] = Counter()
+        for batch in batches:
+            for index, _start, length in batch:
+                tokens[index] += length
+        assert tokens == Counter({i: int(x) for i, x in enumerate(lengths) if x})
+    else:
+        used = Counter(i for batch in batches for i in batch)
+        assert used == Counter(range(n))
+
+
 def test_state_dict_from_another_dataset_or_config_is_refused() -> None:
     lengths = example_lengths("chat", 400, max_length=1024, seed=8)
     state = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, rank=0).state_dict()

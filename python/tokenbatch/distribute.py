@@ -363,6 +363,41 @@ class EpochPlan:
             for b in bins:
                 yield indices[offsets[b] : offsets[b + 1]].tolist()
 
+    def rest(self, step: int) -> Packing:
+        """The bins no rank has run before step ``step``, as a packing of their own.
+
+        Plan it for another number of ranks (:func:`plan_epoch`, :class:`Planner`) to
+        finish the epoch on a resized job: the bins keep their segments, so every sequence
+        of the epoch is still used exactly once. Bins are listed in step order, ranks in
+        order within a step; the packing keeps this plan's ``max_tokens``, ``n_seqs`` and
+        kind.
+        """
+        step = as_int(step, "step", minimum=0)
+        if step > self.n_steps:
+            raise InvalidValueError(f"step={step} is beyond the {self.n_steps} steps of the plan")
+        bins = self.steps[step:].reshape(-1)
+        counts = np.diff(self.bin_offsets)[bins]
+        offsets = np.zeros(len(bins) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        # Segment j of the rest is segment j - offsets[k] + bin_offsets[bins[k]] of this
+        # plan, for the bin k it falls in.
+        source = np.arange(int(offsets[-1]), dtype=np.int64)
+        source += np.repeat(self.bin_offsets[bins] - offsets[:-1], counts)
+        packing = self._packing
+        return Packing(
+            (
+                offsets,
+                self.indices[source],
+                self.starts[source],
+                self.lengths[source],
+                self._layout.tokens[bins].astype(np.int64),
+                dict(packing._counts),
+            ),
+            max_tokens=packing.max_tokens,
+            n_seqs=packing.n_seqs,
+            kind=packing.kind,
+        )
+
     def _rank(self, rank: int) -> int:
         value = as_int(rank, "rank", minimum=0)
         if value >= self.num_replicas:

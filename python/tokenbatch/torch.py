@@ -51,6 +51,8 @@ __all__ = [
 BatchIndices = list[int] | list[Segment]
 
 _STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/1"
+#: Seed stream of the plans that finish an epoch after a change of world size.
+_RESIZE_STREAM = 0x7265_7369_7A65
 _ALGORITHMS = ("bfd", "ffd", "next_fit", "first_fit_shuffled")
 _OVERSIZE = ("error", "truncate", "split", "drop")
 
@@ -74,7 +76,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
       token count, ``None`` keeps the packing order.
     * **Exact resume.** :meth:`state_dict` / :meth:`load_state_dict` restart mid-epoch with
       exactly the batches an uninterrupted run would have produced, by recomputing the
-      plan and skipping ahead (no replay).
+      plan and skipping ahead (no replay). A job restarted on another number of ranks
+      finishes the epoch with the sequences not yet used, each exactly once
+      (``load_state_dict(state, allow_resize=True)``).
 
     Args:
         lengths: token count of every dataset item, in dataset order.
@@ -164,8 +168,13 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         #: Batches are ``(index, start, length)`` segments rather than indices.
         self.yields_segments = self.oversize in ("split", "truncate")
         self.epoch = 0
+        # Runs of the current epoch on other world sizes before a resized resume:
+        # ``(num_replicas, steps run)`` in order (see load_state_dict).
+        self._resized: tuple[tuple[int, int], ...] = ()
+        self._resized_tokens = 0  # real tokens those runs consumed
         self._planner: tuple[int, Planner] | None = None
         self._plan: EpochPlan | None = None
+        self._plan_key: tuple[int, tuple[tuple[int, int], ...]] | None = None
         self._fingerprint: str | None = None
         self._pending_start = 0  # where the next iterator starts (set by load_state_dict)
         self._iter_start = 0  # where the current iterator started
@@ -199,15 +208,55 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         )
 
     def _epoch_plan(self, epoch: int) -> EpochPlan:
-        if self._plan is not None and self._plan.epoch == epoch:
+        resized = self._resized if epoch == self.epoch else ()
+        if self._plan is not None and self._plan_key == (epoch, resized):
             return self._plan
         # A schedule of batch sizes would regroup consecutive steps of this plan into
         # optimizer steps; the plan itself (one bin per rank per step) would not change.
         packing_epoch = epoch if self._repacks_every_epoch() else 0
-        if self._planner is None or self._planner[0] != packing_epoch:
-            self._planner = (packing_epoch, self._new_planner(packing_epoch))
-        self._plan = self._planner[1].plan(epoch)
-        return self._plan
+        if resized:
+            plan = self._plan_after_resizes(epoch, resized)
+        else:
+            if self._planner is None or self._planner[0] != packing_epoch:
+                self._planner = (packing_epoch, self._new_planner(packing_epoch))
+            plan = self._planner[1].plan(epoch)
+        self._plan, self._plan_key = plan, (epoch, resized)
+        return plan
+
+    def _plan_after_resizes(self, epoch: int, resized: tuple[tuple[int, int], ...]) -> EpochPlan:
+        """What is left of ``epoch`` after runs of ``(num_replicas, steps)`` on other world
+        sizes, planned for this one: each run's unused bins are dealt again to the next."""
+        packing_epoch = epoch if self._repacks_every_epoch() else 0
+        plan = self._new_planner(packing_epoch, resized[0][0]).plan(epoch)
+        sizes = [replicas for replicas, _ in resized[1:]] + [self.num_replicas]
+        consumed = 0
+        for run, ((replicas, step), size) in enumerate(zip(resized, sizes, strict=True)):
+            if plan.num_replicas != replicas or step > plan.n_steps:
+                raise InvalidValueError(
+                    f"state['resized'] does not match the plan of epoch {epoch}: run {run} "
+                    f"has {plan.n_steps} steps on {plan.num_replicas} ranks, the state says "
+                    f"{step} steps on {replicas}"
+                )
+            consumed += int(_bin_tokens(plan)[plan.steps[:step]].sum())
+            try:
+                planner = Planner(
+                    plan.rest(step),
+                    size,
+                    seed=mix_seed(self.seed, _RESIZE_STREAM, run),
+                    shuffle=self.shuffle,
+                    balance=self.balance,
+                    drop_last=self.drop_last,
+                    pad_to_multiple_of=self.pad_to_multiple_of,
+                    split_sequences=self.oversize == "split",
+                )
+            except InvalidValueError as error:
+                raise InvalidValueError(
+                    f"epoch {epoch} cannot be finished on {size} ranks after {step} of its "
+                    f"{plan.n_steps} steps ran on {replicas}: {error}"
+                ) from error
+            plan = planner.plan(epoch)
+        self._resized_tokens = consumed
+        return plan
 
     def plan(self) -> EpochPlan:
         """The plan of the current epoch (all ranks' batches)."""
@@ -218,7 +267,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     def _tokens_of(self, epoch: int) -> int:
         """Real tokens all ranks train on in ``epoch`` (cached; plans are deterministic)."""
         if epoch not in self._epoch_tokens:
-            plan = self._epoch_plan(epoch) if epoch == self.epoch else self._plan_of(epoch)
+            current = epoch == self.epoch and not self._resized
+            plan = self._epoch_plan(epoch) if current else self._plan_of(epoch)
             self._epoch_tokens[epoch] = int(_bin_tokens(plan)[plan.steps].sum())
         return self._epoch_tokens[epoch]
 
@@ -228,10 +278,10 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             return self._planner[1].plan(epoch)
         return self._new_planner(epoch if self._repacks_every_epoch() else 0).plan(epoch)
 
-    def _new_planner(self, packing_epoch: int) -> Planner:
+    def _new_planner(self, packing_epoch: int, num_replicas: int | None = None) -> Planner:
         return Planner(
             self._packing(packing_epoch),
-            self.num_replicas,
+            self.num_replicas if num_replicas is None else num_replicas,
             seed=self.seed,
             shuffle=self.shuffle,
             balance=self.balance,
@@ -256,6 +306,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             plan = self._epoch_plan(self.epoch)
             micro_batch_tokens = _bin_tokens(plan)[plan.steps].reshape(-1)
             consumed = sum(self._tokens_of(epoch) for epoch in range(self.epoch))
+            consumed += self._resized_tokens if self._resized else 0
             offsets = self.schedule.group_into_steps(
                 micro_batch_tokens, self.num_replicas, consumed_tokens=consumed
             )
@@ -298,6 +349,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         epoch = as_int(epoch, "epoch", minimum=0)
         if epoch != self.epoch:
             self.epoch = epoch
+            self._resized = ()
+            self._step_offsets = None
             self._pending_start = self._iter_start = self._position = 0
 
     def __len__(self) -> int:
@@ -346,11 +399,13 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         }
 
     def fingerprint(self) -> str:
-        """Digest of the lengths and every option that shapes the plan."""
+        """Digest of the lengths and every option that shapes the plan but the number of
+        ranks (which a state records, and a resized resume may change)."""
         if self._fingerprint is None:
             digest = hashlib.blake2b(digest_size=16)
             digest.update(self.lengths.astype("<i8", copy=False).tobytes())
-            digest.update(repr(sorted(self._config().items())).encode())
+            options = {k: v for k, v in self._config().items() if k != "num_replicas"}
+            digest.update(repr(sorted(options.items())).encode())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
@@ -365,7 +420,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
 
         The state is the same on every rank (steps are global), so saving rank 0's is
         enough. It holds ``epoch``, ``step`` (batches of the epoch already consumed per
-        rank) and a fingerprint of the lengths and options.
+        rank), the options, a fingerprint of the lengths and options, and ``resized``:
+        the ``[num_replicas, steps]`` runs of this epoch on other world sizes before a
+        resized resume (empty otherwise).
         """
         if consumed_batches is None:
             step = self._position
@@ -386,17 +443,29 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             "n_seqs": len(self.lengths),
             "fingerprint": self.fingerprint(),
             "config": self._config(),
+            "resized": [list(run) for run in self._resized],
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, allow_resize: bool = False) -> None:
         """Restore a position saved by :meth:`state_dict` (possibly from another rank).
 
         The next iteration starts at the saved step of the saved epoch; call
         :meth:`set_epoch` with that same epoch (or not at all) before iterating.
 
+        Args:
+            state: a :meth:`state_dict`.
+            allow_resize: accept a state saved with another ``num_replicas``. The epoch
+                then finishes with the bins no rank had run, dealt again to this world
+                size (bins are cut between their sequences, as when planning, to make
+                their number divide): every sequence of the epoch is still used exactly
+                once, but the batches differ from those of an uninterrupted run and
+                :meth:`__len__` is the steps left. Later epochs are planned for this
+                world size from the start. Needs ``drop_last=False`` with a schedule.
+
         Raises:
             InvalidValueError: the state comes from other lengths or options (a
-                different dataset, ``num_replicas``, seed...), or is malformed.
+                different dataset, seed...; ``num_replicas`` unless ``allow_resize``), is
+                malformed, or leaves too few sequences for this many ranks.
         """
         if not isinstance(state, Mapping):
             raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
@@ -404,9 +473,19 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             raise InvalidValueError(
                 f"state is not a TokenBudgetBatchSampler state (format={state.get('format')!r})"
             )
+        allow_resize = _as_bool(allow_resize, "allow_resize")
         config = state.get("config")
+        saved_replicas = self.num_replicas
         if isinstance(config, Mapping):
-            check_same_config(config, self._config(), "sampler")
+            saved_replicas = as_int(config.get("num_replicas"), "state num_replicas", minimum=1)
+            if saved_replicas != self.num_replicas and not allow_resize:
+                raise InvalidValueError(
+                    f"state was saved with num_replicas={saved_replicas}, this sampler has "
+                    f"{self.num_replicas}; pass allow_resize=True to finish the epoch on this "
+                    "world size with the sequences not yet used"
+                )
+            current = {**self._config(), "num_replicas": saved_replicas}
+            check_same_config(config, current, "sampler")
         if state.get("n_seqs") != len(self.lengths):
             raise InvalidValueError(
                 f"state was saved for a dataset of {state.get('n_seqs')} sequences, "
@@ -419,12 +498,27 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             )
         epoch = as_int(state.get("epoch"), "state['epoch']", minimum=0)
         step = as_int(state.get("step"), "state['step']", minimum=0)
-        n_steps = self._epoch_plan(epoch).n_steps
+        resized = _resize_history(state.get("resized", []))
+        if saved_replicas != self.num_replicas:
+            if self.schedule is not None and self.drop_last:
+                raise InvalidValueError(
+                    "a resized resume with a schedule needs drop_last=False (the tokens of "
+                    "earlier epochs would depend on the world size)"
+                )
+            resized, step = (*resized, (saved_replicas, step)), 0
+        previous = (self.epoch, self._resized)
+        self.epoch, self._resized = epoch, resized
+        try:
+            n_steps = self._epoch_plan(epoch).n_steps
+        except Exception:
+            self.epoch, self._resized = previous
+            raise
         if step > n_steps:
+            self.epoch, self._resized = previous
             raise InvalidValueError(
                 f"state['step']={step} is beyond the {n_steps} steps of epoch {epoch}"
             )
-        self.epoch = epoch
+        self._step_offsets = None
         self._pending_start = self._iter_start = self._position = step
 
     def __repr__(self) -> str:
@@ -440,6 +534,23 @@ def _bin_tokens(plan: EpochPlan) -> npt.NDArray[np.int64]:
     if len(plan.bin_offsets) <= 1:
         return np.zeros(0, dtype=np.int64)
     return np.add.reduceat(plan.lengths, plan.bin_offsets[:-1]).astype(np.int64)
+
+
+def _resize_history(value: object) -> tuple[tuple[int, int], ...]:
+    """``state['resized']`` as ``(num_replicas, steps)`` pairs."""
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise InvalidValueError(f"state['resized'] must be a list of pairs, got {value!r}")
+    runs = []
+    for run in value:
+        if not isinstance(run, Sequence) or isinstance(run, str) or len(run) != 2:
+            raise InvalidValueError(f"state['resized'] holds {run!r}, not [num_replicas, steps]")
+        runs.append(
+            (
+                as_int(run[0], "state['resized'] num_replicas", minimum=1),
+                as_int(run[1], "state['resized'] steps", minimum=0),
+            )
+        )
+    return tuple(runs)
 
 
 def _as_bool(value: object, name: str) -> bool:
