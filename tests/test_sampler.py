@@ -306,6 +306,31 @@ def test_consumed_batches_counts_from_the_resumed_iteration() -> None:
     assert list(again) == expected[4:]
 
 
+def test_plan_rest_holds_the_bins_not_yet_run() -> None:
+    lengths = example_lengths("chat", 500, max_length=2048, seed=15)
+    plan = plan_epoch(pack(lengths, 4096, oversize="split"), 3, seed=4)
+
+    def segments(offsets: Any, bins: Any, source: Any) -> list[tuple[int, int, int]]:
+        return [
+            (int(source.indices[j]), int(source.starts[j]), int(source.lengths[j]))
+            for b in bins
+            for j in range(int(offsets[b]), int(offsets[b + 1]))
+        ]
+
+    for step in (0, 1, plan.n_steps // 2, plan.n_steps):
+        rest = plan.rest(step)
+        bins = plan.steps[step:].reshape(-1)
+        assert rest.n_bins == len(bins)
+        # The same segments, bin by bin, in step order.
+        expected = segments(plan.bin_offsets, bins, plan)
+        assert segments(rest.bin_offsets, range(rest.n_bins), rest) == expected
+        assert rest.stats()["input_tokens"] == sum(n for _, _, n in expected)
+        assert rest.lower_bound <= rest.n_bins
+        assert rest.n_seqs == len(lengths)
+    with pytest.raises(InvalidValueError, match="beyond"):
+        plan.rest(plan.n_steps + 1)
+
+
 def _run_resized(
     lengths: Any, runs: list[tuple[int, int | None]], **options: Any
 ) -> tuple[list[list[Any]], TokenBudgetBatchSampler]:

@@ -370,7 +370,8 @@ class EpochPlan:
         finish the epoch on a resized job: the bins keep their segments, so every sequence
         of the epoch is still used exactly once. Bins are listed in step order, ranks in
         order within a step; the packing keeps this plan's ``max_tokens``, ``n_seqs`` and
-        kind.
+        kind, and the counts of sequences the original packing dropped, truncated or
+        split; its ``lower_bound`` and ``input_tokens`` are those of the bins it holds.
         """
         step = as_int(step, "step", minimum=0)
         if step > self.n_steps:
@@ -384,15 +385,15 @@ class EpochPlan:
         source = np.arange(int(offsets[-1]), dtype=np.int64)
         source += np.repeat(self.bin_offsets[bins] - offsets[:-1], counts)
         packing = self._packing
+        lengths = self.lengths[source]
+        cost = self._layout.tokens[bins].astype(np.int64)
+        summary = {
+            **packing._counts,
+            "lower_bound": -(-int(cost.sum()) // packing.max_tokens),
+            "input_tokens": int(lengths.sum()),
+        }
         return Packing(
-            (
-                offsets,
-                self.indices[source],
-                self.starts[source],
-                self.lengths[source],
-                self._layout.tokens[bins].astype(np.int64),
-                dict(packing._counts),
-            ),
+            (offsets, self.indices[source], self.starts[source], lengths, cost, summary),
             max_tokens=packing.max_tokens,
             n_seqs=packing.n_seqs,
             kind=packing.kind,
