@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
@@ -50,6 +51,7 @@ def pack_dataset(
     max_seqs: int | None = None,
     position_ids: bool = False,
     seed: int = 0,
+    progress: Callable[[int, int], object] | None = None,
 ) -> DatasetLike:
     """Pack a dataset of token lists into rows of at most ``max_tokens`` tokens.
 
@@ -74,6 +76,9 @@ def pack_dataset(
         max_seqs: at most this many sequences in one row.
         position_ids: also add a ``position_ids`` column.
         seed: seed of ``algorithm="first_fit_shuffled"``.
+        progress: called as ``progress(tokens_done, tokens_total)`` while the rows are
+            assembled (after each group of about 16M tokens), e.g. to drive a progress
+            bar; the last call has ``tokens_done == tokens_total``.
 
     Empty sequences hold no tokens and are left out, as TRL does.
 
@@ -96,6 +101,7 @@ def pack_dataset(
             max_seqs=max_seqs,
             position_ids=position_ids,
             seed=seed,
+            progress=progress,
         )
         return table  # type: ignore[no-any-return]
     datasets = _import_datasets(dataset)
@@ -119,6 +125,7 @@ def pack_dataset(
         max_seqs=max_seqs,
         position_ids=position_ids,
         seed=seed,
+        progress=progress,
     )
     # A fingerprint from the input's and the options, as datasets' own transforms do;
     # without one, datasets would hash every token of the result.
@@ -141,6 +148,7 @@ def pack_table(
     max_seqs: int | None = None,
     position_ids: bool = False,
     seed: int = 0,
+    progress: Callable[[int, int], object] | None = None,
 ) -> tuple[pa.Table, Packing]:
     """Pack a ``pyarrow.Table``: :func:`pack_dataset` for tables, also returning the
     :class:`~tokenbatch.Packing` (whose ``indices`` are row numbers of ``table``).
@@ -242,11 +250,16 @@ def pack_table(
     # and groups are assembled in parallel (Arrow and numpy release the GIL).
     groups = _bin_groups(row_offsets, _CHUNK_TOKENS)
     threads = min(len(groups), get_num_threads())
-    if threads > 1:
-        with ThreadPoolExecutor(threads) as executor:
-            assembled = list(executor.map(assemble, groups))
-    else:
-        assembled = [assemble(group) for group in groups]
+    total_tokens = int(row_offsets[-1])
+    assembled = []
+    with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as executor:
+        results = executor.map(assemble, groups) if executor else map(assemble, groups)
+        for (_, end_bin), result in zip(groups, results, strict=True):
+            assembled.append(result)
+            if progress is not None:
+                progress(int(row_offsets[end_bin]), total_tokens)
+    if progress is not None and not groups:
+        progress(0, 0)
     chunks = [[columns[i] for columns, _ in assembled] for i in range(len(arrays))]
     position_chunks = [chunk for _, chunk in assembled]
     del assembled

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from tokenbatch import __version__
-from tokenbatch.cli import memory_command, pack_command, schedule_command
+from tokenbatch.cli import dataset_command, memory_command, pack_command, schedule_command
 from tokenbatch.errors import TokenBatchError
 
-COMMANDS = [pack_command, memory_command, schedule_command]
+COMMANDS = [pack_command, dataset_command, memory_command, schedule_command]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenbatch.cli.progress import Progress
-from tokenbatch.cli.table import format_table
+from tokenbatch.cli.table import format_table, format_value
 from tokenbatch.datasets import EXAMPLE_DISTRIBUTIONS, example_lengths
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.packing import Packing, batch_padded, pack
@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         method = "padded batching" if args.padded else args.algorithm
         print(f"tokenbatch pack: {source}, {method}, max_tokens={args.max_tokens:,}")
-        print(format_table(["statistic", "value"], [[k, _fmt(v)] for k, v in stats.items()]))
+        rows = [[k, format_value(v)] for k, v in stats.items()]
+        print(format_table(["statistic", "value"], rows))
     if args.output is not None:
         save_packing(packing, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
@@ -148,7 +149,3 @@ def save_packing(packing: Packing, path: Path) -> None:
         bin_tokens=packing.bin_tokens,
         max_tokens=np.int64(packing.max_tokens),
     )
-
-
-def _fmt(value: int | float) -> str:
-    return f"{value:.6f}" if isinstance(value, float) else f"{value:,}"

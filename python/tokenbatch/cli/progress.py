@@ -47,6 +47,13 @@ class Progress:
             self.stream.write(f"\r{self.render()}")
             self.stream.flush()
 
+    def update(self, done: int, total: int) -> None:
+        """Set the work done and the total (for work whose size is known only once it
+        runs) and redraw if due."""
+        self.total = max(total, 1)
+        self.done = 0
+        self.advance(done)
+
     def render(self, width: int = 30) -> str:
         """The bar as text, e.g. ``reading [#########.....]  31%``."""
         fraction = self.done / self.total

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenbatch.cli.table import format_table
+from tokenbatch.cli.table import format_table, format_value
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.scaling import ExtrapolationWarning, Recommendation, recommend
 from tokenbatch.schedule import (
@@ -249,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
         for key, value in notes.items():
             print(f"{key}: {value}")
         print(f"micro_batch_tokens={micro:,}, dp={args.dp}, total_tokens={total:,}")
-        print(format_table(["quantity", "value"], [[k, _fmt(v)] for k, v in summary.items()]))
+        rows = [[k, format_value(v, ".6g")] for k, v in summary.items()]
+        print(format_table(["quantity", "value"], rows))
         print()
         rows = _row_indices(table, args)
         print(format_table(*_step_rows(table, lr, rows)))
@@ -372,13 +373,3 @@ def plot_schedule(
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)

@@ -19,3 +19,15 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     rule = "  ".join("-" * width for width in widths)
     return "\n".join([line(header), rule, *(line(row) for row in rows)])
+
+
+def format_value(value: object, float_format: str = ".6f") -> str:
+    """A table cell: integers with thousands separators, floats with ``float_format``,
+    booleans in lower case, anything else as ``str``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return format(value, float_format)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
