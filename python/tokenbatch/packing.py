@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -12,9 +12,11 @@ import numpy.typing as npt
 from tokenbatch import _core
 from tokenbatch._convert import as_int, as_lengths, as_seed
 
-__all__ = ["Algorithm", "OversizePolicy", "Packing", "batch_padded", "pack"]
+__all__ = ["ALGORITHMS", "Algorithm", "OversizePolicy", "Packing", "batch_padded", "pack"]
 
 Algorithm = Literal["bfd", "ffd", "next_fit", "first_fit_shuffled"]
+#: The names :data:`Algorithm` allows, in order.
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 OversizePolicy = Literal["error", "truncate", "split", "drop"]
 LengthsLike = Sequence[int] | npt.NDArray[np.integer[Any]]
 

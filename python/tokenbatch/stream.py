@@ -24,7 +24,7 @@ import numpy as np
 from tokenbatch._convert import as_choice, as_int, as_seed, check_same_config, replicas_and_rank
 from tokenbatch.distribute import _permutation, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, OversizeError
-from tokenbatch.packing import Algorithm, pack
+from tokenbatch.packing import ALGORITHMS, Algorithm, pack
 
 if TYPE_CHECKING:
     from torch.utils.data import IterableDataset
@@ -38,7 +38,6 @@ StreamOversize = Literal["error", "truncate", "split", "drop"]
 
 _STATE_FORMAT = "tokenbatch.StreamPacker/1"
 _DATASET_STATE_FORMAT = "tokenbatch.StreamingDataset/1"
-_ALGORITHMS = ("bfd", "ffd", "next_fit", "first_fit_shuffled")
 _OVERSIZE = ("error", "truncate", "split", "drop")
 # A bin this full leaves the buffer even when there is room to keep it: repacking it could
 # gain at most this fraction of a bin.
@@ -110,7 +109,7 @@ class StreamPacker:
         self.source = source
         self.max_tokens = as_int(max_tokens, "max_tokens", minimum=1)
         self.buffer_size = as_int(buffer_size, "buffer_size", minimum=2)
-        self.algorithm = as_choice(algorithm, "algorithm", _ALGORITHMS)
+        self.algorithm = as_choice(algorithm, "algorithm", ALGORITHMS)
         self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
         self.oversize = as_choice(oversize, "oversize", _OVERSIZE)
         if not isinstance(key, str):

@@ -34,7 +34,7 @@ from tokenbatch._convert import (
 )
 from tokenbatch.distribute import Balance, EpochPlan, Planner, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
+from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
 
 __all__ = [
@@ -53,7 +53,6 @@ BatchIndices = list[int] | list[Segment]
 _STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/1"
 #: Seed stream of the plans that finish an epoch after a change of world size.
 _RESIZE_STREAM = 0x7265_7369_7A65
-_ALGORITHMS = ("bfd", "ffd", "next_fit", "first_fit_shuffled")
 _OVERSIZE = ("error", "truncate", "split", "drop")
 
 
@@ -147,7 +146,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self.lengths: npt.NDArray[np.int64] = array
         self.max_tokens = as_int(max_tokens, "max_tokens", minimum=1)
         self.mode = as_choice(mode, "mode", ("packed", "padded"))
-        self.algorithm = as_choice(algorithm, "algorithm", _ALGORITHMS)
+        self.algorithm = as_choice(algorithm, "algorithm", ALGORITHMS)
         self.shuffle = _as_bool(shuffle, "shuffle")
         self.seed = as_seed(seed)
         self.drop_last = _as_bool(drop_last, "drop_last")

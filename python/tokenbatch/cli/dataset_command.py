@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tokenbatch.cli.progress import Progress
 from tokenbatch.cli.table import format_table, format_value
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.packing import ALGORITHMS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,7 +48,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-tokens", type=int, required=True, help="token budget per row")
     parser.add_argument(
         "--algorithm",
-        choices=["bfd", "ffd", "next_fit", "first_fit_shuffled"],
+        choices=ALGORITHMS,
         default="bfd",
         help="packing algorithm (default: best-fit decreasing)",
     )

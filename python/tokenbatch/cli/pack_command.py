@@ -15,7 +15,7 @@ from tokenbatch.cli.progress import Progress
 from tokenbatch.cli.table import format_table, format_value
 from tokenbatch.datasets import EXAMPLE_DISTRIBUTIONS, example_lengths
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.packing import Packing, batch_padded, pack
+from tokenbatch.packing import ALGORITHMS, Packing, batch_padded, pack
 
 
 def register(subparsers: Any) -> None:
@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-tokens", type=int, default=8192, help="token budget per bin")
     parser.add_argument(
         "--algorithm",
-        choices=["bfd", "ffd", "next_fit", "first_fit_shuffled"],
+        choices=ALGORITHMS,
         default="bfd",
         help="packing algorithm (default: best-fit decreasing)",
     )
