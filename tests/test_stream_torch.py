@@ -109,3 +109,58 @@ def test_state_errors() -> None:
         list(dataset)
     with pytest.raises(InvalidValueError, match="rank must be in"):
         make(items, num_replicas=2, rank=2)
+
+
+STOP_TOGETHER_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from tokenbatch.stream import StreamingDataset
+from tokenbatch.torch import stop_together
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+# Uneven shards of one stream of 60-token items, one item per bin.
+lengths = [int(x) for x in sys.argv[1].split(",")]
+shard = StreamingDataset(lengths, 64, buffer_size=4, length_fn=int, num_replicas=3, rank=rank)
+own = sum(1 for _ in shard)
+seen = 0
+for batch in stop_together(shard):
+    dist.barrier()  # a collective per step, as DDP's gradient all-reduce would be
+    seen += 1
+with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as out:
+    json.dump({"own": own, "seen": seen}, out)
+dist.destroy_process_group()
+"""
+
+
+def test_stop_together_ends_uneven_ranks_at_the_shortest(tmp_path: Any) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    script = tmp_path / "uneven.py"
+    script.write_text(STOP_TOGETHER_SCRIPT)
+    # 3 ranks over 40 items of 60 tokens: one bin per item, so the shards hold 14, 13, 13.
+    lengths = ",".join(["60"] * 40)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
+         f"--master_port={port}", str(script), lengths, str(tmp_path)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert sorted(r["own"] for r in ranks) == [13, 13, 14]
+    assert [r["seen"] for r in ranks] == [13, 13, 13]
+
+
+def test_stop_together_is_plain_iteration_without_a_process_group() -> None:
+    from tokenbatch.torch import stop_together
+
+    assert list(stop_together(iter([1, 2, 3]))) == [1, 2, 3]

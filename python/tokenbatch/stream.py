@@ -589,7 +589,8 @@ Args:
     Other arguments: those of :class:`StreamPacker`.
 
 Shards hold different numbers of bins, since the stream's length is unknown: train for a
-fixed number of steps, or stop all ranks when one runs out.
+fixed number of steps, or iterate through :func:`tokenbatch.torch.stop_together` so that
+all ranks stop when one runs out.
 """
 
 

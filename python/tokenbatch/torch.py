@@ -16,8 +16,8 @@ This module imports torch; the rest of tokenbatch does not.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence, Sized
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,7 @@ __all__ = [
     "SegmentDataset",
     "TokenBudgetBatchSampler",
     "sequence_lengths",
+    "stop_together",
 ]
 
 #: What the sampler yields: sequence indices, or ``(index, start, length)`` segments when
@@ -526,6 +527,57 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             f"mode={self.mode!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
             f"epoch={self.epoch})"
         )
+
+
+_T = TypeVar("_T")
+
+
+def stop_together(
+    batches: Iterable[_T],
+    *,
+    group: Any = None,
+    device: torch.device | str | None = None,
+) -> Iterator[_T]:
+    """Yield from ``batches`` while every rank of ``group`` still has a batch.
+
+    Data-parallel ranks that read streams of unknown length (such as
+    :class:`tokenbatch.stream.StreamingDataset` shards) hold different numbers of
+    batches; a rank that finishes early would leave the others waiting forever in their
+    next gradient all-reduce. Wrapping each rank's loader makes all of them stop after the
+    shortest one, at the cost of one all-reduce of a single integer per step::
+
+        for batch in stop_together(loader):
+            loss_fn(ddp_model(batch)).backward()
+
+    The batches the longer ranks had left are not yielded. Outside an initialized
+    process group this is plain iteration.
+
+    Args:
+        batches: this rank's batches (a DataLoader, any iterable).
+        group: the process group (default: the default group).
+        device: where the flag tensor lives; default: the current CUDA device for the
+            ``nccl`` backend, else the CPU.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        yield from batches
+        return
+    if device is None:
+        nccl = torch.distributed.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
+    flag = torch.ones(1, dtype=torch.int32, device=device)
+    iterator = iter(batches)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            has_batch = 0
+        else:
+            has_batch = 1
+        flag.fill_(has_batch)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
+        if int(flag.item()) == 0:
+            return
+        yield batch
 
 
 def _bin_tokens(plan: EpochPlan) -> npt.NDArray[np.int64]:
