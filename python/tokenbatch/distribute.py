@@ -69,7 +69,8 @@ def _random_keys(seed: int, n: int) -> _U64:
         z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(_GAMMA) + np.uint64(seed)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
-        return z ^ (z >> np.uint64(31))
+        keys: _U64 = z ^ (z >> np.uint64(31))
+        return keys
 
 
 def _permutation(seed: int, n: int) -> _I64:
