@@ -219,7 +219,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=512, help="longest document")
     parser.add_argument("--max-tokens", type=int, default=1024, help="tokens per micro-batch")
     parser.add_argument("--algorithm", default="bfd")
-    parser.add_argument("--balance", default="attention", choices=("attention", "tokens", "none"))
+    parser.add_argument(
+        "--balance", default="attention", choices=("attention", "tokens", "flops", "none")
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many (0: no)")
     parser.add_argument("--vocab-size", type=int, default=64)
@@ -301,6 +303,7 @@ def make_loader(
         num_replicas=world,
         rank=rank,
         balance=None if args.balance == "none" else args.balance,
+        hidden_size=args.d_model,
         dataset=dataset,
     )
     collate = PackedCollator() if args.mode == "packed" else PaddedCollator()

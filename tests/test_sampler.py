@@ -199,6 +199,38 @@ def test_attention_balance_beats_plain_order(mode: str) -> None:
         assert values["attention_imbalance_max"] >= values["attention_imbalance_mean"] >= 1.0
 
 
+def test_flops_balance_evens_out_padded_steps() -> None:
+    # Padded batches vary in tokens (count x longest) as well as in attention, so
+    # balancing their sum beats balancing either one.
+    lengths = example_lengths("chat", 30_000, max_length=8192, seed=1)
+    stats = {
+        balance: TokenBudgetBatchSampler(
+            lengths, 8192, mode="padded", num_replicas=8, balance=balance, hidden_size=1024
+        ).stats()
+        for balance in ("attention", "tokens", "flops")
+    }
+    overhead = {balance: values["flops_sync_overhead"] for balance, values in stats.items()}
+    assert overhead["flops"] < 1.01
+    assert overhead["flops"] < overhead["attention"]
+    assert overhead["flops"] < overhead["tokens"]
+    assert "flops_sync_overhead" not in TokenBudgetBatchSampler(lengths, 8192).stats()
+    with pytest.raises(InvalidValueError, match="hidden_size"):
+        TokenBudgetBatchSampler(lengths, 8192, balance="flops")
+    with pytest.raises(InvalidValueError, match="hidden_size"):
+        plan_epoch(pack(lengths, 8192), 2).step_costs("flops")
+
+
+def test_flops_cost_is_tokens_plus_attention_over_12h() -> None:
+    lengths = example_lengths("documents", 400, max_length=4096, seed=2)
+    plan = plan_epoch(pack(lengths, 4096), 3, balance="flops", hidden_size=256)
+    costs = plan.step_costs("flops")
+    for rank in range(3):
+        for step, batch in enumerate(plan.batches(rank)):
+            spans = [int(lengths[i]) for i in batch]
+            expected = sum(spans) + sum(n * n for n in spans) / (12 * 256)
+            assert costs[step, rank] == pytest.approx(expected)
+
+
 def test_stats_imbalance_matches_a_direct_computation() -> None:
     lengths = example_lengths("chat", 500, max_length=1024, seed=3)
     sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=4, rank=0)

@@ -24,7 +24,7 @@ from tokenbatch.packing import Packing
 
 __all__ = ["Balance", "EpochPlan", "Segment", "mix_seed", "plan_epoch"]
 
-Balance = Literal["attention", "tokens"] | None
+Balance = Literal["attention", "tokens", "flops"] | None
 #: A piece of a sequence: ``(index, start, length)``, tokens ``start:start + length``.
 Segment = tuple[int, int, int]
 
@@ -90,6 +90,7 @@ class _Layout:
         "dropped_bins",
         "dropped_seqs",
         "dropped_tokens",
+        "flops_scale",
         "indices",
         "lengths",
         "split_bins",
@@ -107,7 +108,12 @@ class _Layout:
         pad_to_multiple_of: int,
         balance: Balance,
         split_sequences: bool = False,
+        hidden_size: int | None = None,
     ) -> None:
+        # A transformer layer spends 6 x 12 h^2 FLOPs per token in its matmuls (forward
+        # and backward) and 6 h L^2 on causal attention over a sequence of L tokens, so in
+        # units of one token's matmul FLOPs a sequence costs L + L^2 / (12 h).
+        self.flops_scale = None if hidden_size is None else 1.0 / (12.0 * hidden_size)
         offsets = packing.bin_offsets
         lengths = packing.lengths
         self.indices, self.starts, self.lengths = packing.indices, packing.starts, lengths
@@ -139,8 +145,8 @@ class _Layout:
                 lengths = self.lengths
                 costs = _SegmentCosts(lengths, packing.kind, pad_to_multiple_of)
                 tokens, attention = costs.of_bins(offsets)
-            key = attention if balance == "attention" else tokens
-            offsets = _split_bins(offsets, lengths, key.astype(np.float64), needed, num_replicas)
+            key = self.cost(balance or "tokens", tokens, attention)
+            offsets = _split_bins(offsets, lengths, key, needed, num_replicas)
             tokens, attention = costs.of_bins(offsets)
             bin_ids = np.arange(len(offsets) - 1, dtype=np.int64)
             self.split_bins = needed
@@ -153,8 +159,15 @@ class _Layout:
             self.by_cost = bin_ids
             self.cost_groups = np.zeros(len(bin_ids), dtype=np.uint64)
         else:
-            cost = attention[bin_ids] if balance == "attention" else tokens[bin_ids].view(np.uint64)
-            sorted_ids = np.argsort(~cost, kind="stable")  # ~x on uint64: decreasing order
+            cost: npt.NDArray[Any]
+            if balance == "flops":
+                cost = self.cost("flops", tokens[bin_ids], attention[bin_ids])
+                sorted_ids = np.argsort(-cost, kind="stable")
+            else:
+                # Exact integer costs: ~x on uint64 sorts in decreasing order.
+                cost = attention[bin_ids] if balance == "attention" else tokens[bin_ids]
+                cost = cost.view(np.uint64)
+                sorted_ids = np.argsort(~cost, kind="stable")
             self.by_cost = bin_ids[sorted_ids]
             sorted_cost = cost[sorted_ids]
             changes = np.empty(len(sorted_cost), dtype=np.uint64)
@@ -162,6 +175,17 @@ class _Layout:
                 changes[0] = 0
                 np.not_equal(sorted_cost[1:], sorted_cost[:-1], out=changes[1:])
             self.cost_groups = np.cumsum(changes, dtype=np.uint64)
+
+    def cost(self, kind: str, tokens: _I64, attention: _U64) -> _F64:
+        """Bins' cost by ``kind`` (``"tokens"``, ``"attention"`` or ``"flops"``)."""
+        if kind == "tokens":
+            return tokens.astype(np.float64)
+        if kind == "attention":
+            return attention.astype(np.float64)
+        if self.flops_scale is None:
+            raise InvalidValueError("the flops cost needs hidden_size (the model's hidden size)")
+        flops: _F64 = tokens + attention.astype(np.float64) * self.flops_scale
+        return flops
 
     def _split_sequences(self, offsets: _I64, count: int) -> _I64:
         """Cut the longest segments into ``count`` more pieces in all (pieces stay in their
@@ -408,11 +432,16 @@ class EpochPlan:
             )
         return value
 
-    def step_costs(self, kind: Literal["tokens", "attention"] = "tokens") -> _F64:
+    def step_costs(self, kind: Literal["tokens", "attention", "flops"] = "tokens") -> _F64:
         """Cost of every bin of the table, shape ``(n_steps, num_replicas)``: tokens
-        (padding included) or attention (sum of squared lengths)."""
-        costs = self._layout.tokens if kind == "tokens" else self._layout.attention
-        return costs[self.steps].astype(np.float64)
+        (padding included), attention (sum of squared lengths) or flops (tokens plus
+        attention / (12 hidden_size): matmul and attention FLOPs in units of one token's
+        matmul FLOPs; needs ``hidden_size``)."""
+        if kind not in ("tokens", "attention", "flops"):
+            raise InvalidValueError(f"kind must be 'tokens', 'attention' or 'flops', got {kind!r}")
+        layout = self._layout
+        bins = self.steps
+        return layout.cost(kind, layout.tokens[bins], layout.attention[bins])
 
     def stats(self) -> dict[str, int | float]:
         """Counts and balance of this epoch.
@@ -452,9 +481,11 @@ class EpochPlan:
             "drop_last_tokens": layout.dropped_tokens,
             "dropped_seqs": layout.dropped_seqs + int(packing.stats()["dropped_seqs"]),
         }
-        for kind in ("tokens", "attention"):
-            table = self.step_costs(kind)
-            result.update(_imbalance(table, kind))
+        kinds: tuple[Literal["tokens", "attention", "flops"], ...] = ("tokens", "attention")
+        if layout.flops_scale is not None:
+            kinds = (*kinds, "flops")
+        for kind in kinds:
+            result.update(_imbalance(self.step_costs(kind), kind))
         return result
 
     def __repr__(self) -> str:
@@ -520,6 +551,7 @@ class Planner:
         drop_last: bool = False,
         pad_to_multiple_of: int = 1,
         split_sequences: bool = False,
+        hidden_size: int | None = None,
     ) -> None:
         if not isinstance(packing, Packing):
             raise InvalidTypeError(f"packing must be a tokenbatch.Packing, got {packing!r}")
@@ -528,6 +560,13 @@ class Planner:
         self.seed = as_seed(seed)
         self.shuffle = _as_bool(shuffle, "shuffle")
         self.balance = _as_balance(balance)
+        if hidden_size is not None:
+            hidden_size = as_int(hidden_size, "hidden_size", minimum=1)
+        elif self.balance == "flops":
+            raise InvalidValueError(
+                "balance='flops' needs hidden_size, the model's hidden size (it sets how "
+                "much attention costs against the matmuls)"
+            )
         self._layout = _Layout(
             packing,
             self.num_replicas,
@@ -535,6 +574,7 @@ class Planner:
             pad_to_multiple_of=as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1),
             balance=self.balance,
             split_sequences=_as_bool(split_sequences, "split_sequences"),
+            hidden_size=hidden_size,
         )
 
     def plan(self, epoch: int) -> EpochPlan:
@@ -558,6 +598,7 @@ def plan_epoch(
     drop_last: bool = False,
     pad_to_multiple_of: int = 1,
     split_sequences: bool = False,
+    hidden_size: int | None = None,
 ) -> EpochPlan:
     """Distribute the bins of ``packing`` over ``num_replicas`` data-parallel ranks.
 
@@ -570,13 +611,17 @@ def plan_epoch(
             ``False`` keeps the deterministic order (costliest steps first when balancing).
         balance: ``"attention"`` groups bins of similar attention cost (sum of squared
             sequence lengths) into the same step, ``"tokens"`` bins of similar token
-            count; ``None`` deals bins in (shuffled) packing order.
+            count, ``"flops"`` bins of similar total FLOPs (tokens plus
+            attention / (12 hidden_size), needs ``hidden_size``); ``None`` deals bins in
+            (shuffled) packing order.
         drop_last: when the number of bins does not divide by ``num_replicas``, leave out
             the least-filled remainder bins instead of splitting bins.
         pad_to_multiple_of: the value the packing was built with (for costs).
         split_sequences: when cutting bins between their sequences cannot make enough
             bins, cut the longest sequences in two first (the batches then hold
             ``(index, start, length)`` segments, as with ``oversize="split"``).
+        hidden_size: the model's hidden size, for the ``"flops"`` cost (and its
+            imbalance in :meth:`EpochPlan.stats`).
 
     Without ``drop_last``, bins are cut between their sequences (the costliest first)
     until their number divides by ``num_replicas``; no sequence is lost or repeated.
@@ -594,6 +639,7 @@ def plan_epoch(
         drop_last=drop_last,
         pad_to_multiple_of=pad_to_multiple_of,
         split_sequences=split_sequences,
+        hidden_size=hidden_size,
     )
     return planner.plan(epoch)
 
@@ -607,9 +653,11 @@ def _as_bool(value: object, name: str) -> bool:
 def _as_balance(value: object) -> Balance:
     if value is None:
         return None
-    if value == "attention" or value == "tokens":
+    if value == "attention" or value == "tokens" or value == "flops":
         return value
-    raise InvalidValueError(f"balance must be 'attention', 'tokens' or None, got {value!r}")
+    raise InvalidValueError(
+        f"balance must be 'attention', 'tokens', 'flops' or None, got {value!r}"
+    )
 
 
 def _share_cuts(weight: Any, limit: Any, candidates: Any, cuts: int) -> dict[int, int]:

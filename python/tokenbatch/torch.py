@@ -73,7 +73,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
       :meth:`stats` says how many.
     * **Balanced steps.** ``balance="attention"`` puts bins of similar attention cost (sum
       of squared sequence lengths) side by side in one step, ``"tokens"`` bins of similar
-      token count, ``None`` keeps the packing order.
+      token count, ``"flops"`` bins of similar total FLOPs (matmuls and attention, for a
+      model of ``hidden_size``), ``None`` keeps the packing order.
     * **Exact resume.** :meth:`state_dict` / :meth:`load_state_dict` restart mid-epoch with
       exactly the batches an uninterrupted run would have produced, by recomputing the
       plan and skipping ahead (no replay). A job restarted on another number of ranks
@@ -97,7 +98,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         rank: this process's rank; default: its rank in the default group, else 0.
         drop_last: leave out the remainder bins instead of splitting bins to make their
             number divide by ``num_replicas``.
-        balance: ``"attention"``, ``"tokens"`` or ``None`` (see above).
+        balance: ``"attention"``, ``"tokens"``, ``"flops"`` or ``None`` (see above).
         oversize: what to do with sequences longer than ``max_tokens``
             (see :func:`tokenbatch.pack`). With ``"split"`` or ``"truncate"`` the sampler
             yields ``(index, start, length)`` segments; wrap the dataset in
@@ -105,6 +106,10 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         max_seqs: at most this many sequences in one batch.
         pad_to_multiple_of: each sequence costs its length rounded up to this multiple.
         dataset: optional; when given, its length must equal ``len(lengths)``.
+        hidden_size: the model's hidden size: needed by ``balance="flops"``, where a
+            sequence of ``L`` tokens costs ``L + L**2 / (12 * hidden_size)`` (a layer's
+            matmuls against its causal attention); with it :meth:`stats` also reports
+            the FLOPs imbalance.
         schedule: optional batch-size schedule (:mod:`tokenbatch.schedule`). Micro-batches
             are grouped into optimizer steps whose token totals follow it, continuing
             across epochs; :meth:`step_offsets` and :meth:`optimizer_step_ends` tell the
@@ -134,6 +139,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         max_seqs: int | None = None,
         pad_to_multiple_of: int = 1,
         dataset: Sized | None = None,
+        hidden_size: int | None = None,
         schedule: BatchSchedule | None = None,
     ) -> None:
         super().__init__()
@@ -152,8 +158,11 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self.seed = as_seed(seed)
         self.drop_last = _as_bool(drop_last, "drop_last")
         if balance is not None:
-            as_choice(balance, "balance", ("attention", "tokens"))
+            as_choice(balance, "balance", ("attention", "tokens", "flops"))
         self.balance: Balance = balance
+        self.hidden_size = (
+            None if hidden_size is None else as_int(hidden_size, "hidden_size", minimum=1)
+        )
         self.oversize = as_choice(oversize, "oversize", _OVERSIZE)
         self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
         self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
@@ -248,6 +257,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                     drop_last=self.drop_last,
                     pad_to_multiple_of=self.pad_to_multiple_of,
                     split_sequences=self.oversize == "split",
+                    hidden_size=self.hidden_size,
                 )
             except InvalidValueError as error:
                 raise InvalidValueError(
@@ -288,6 +298,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             drop_last=self.drop_last,
             pad_to_multiple_of=self.pad_to_multiple_of,
             split_sequences=self.oversize == "split",
+            hidden_size=self.hidden_size,
         )
 
     def step_offsets(self) -> npt.NDArray[np.int64] | None:
@@ -395,6 +406,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             "oversize": self.oversize,
             "max_seqs": self.max_seqs,
             "pad_to_multiple_of": self.pad_to_multiple_of,
+            "hidden_size": self.hidden_size,
             "schedule": None if self.schedule is None else repr(self.schedule),
         }
 
