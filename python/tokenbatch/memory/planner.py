@@ -26,6 +26,11 @@ Assumptions (deliberately simple, stated so they can be argued with):
   ``gpu_memory`` (the rest: CUDA context, communication buffers, allocator fragmentation).
   Sequence parallelism is always on with tensor parallelism; tensor parallelism is capped at
   ``gpus_per_node``; ``vpp`` is 1.
+* **Not modelled**, so weigh the ranking of large mixture-of-experts models with care:
+  kernel efficiency of narrow expert matmuls (experts split over ``tp``), load imbalance
+  between experts, and the limits of overlapping ZeRO-3 gathers with compute. For
+  DeepSeek-V3 on 2,048 GPUs the model ranks ZeRO-3 without expert parallelism first, where
+  the published run used expert parallelism (64-way) with ZeRO-1.
 """
 
 from __future__ import annotations
