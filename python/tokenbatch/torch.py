@@ -222,7 +222,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             return self._plan
         # A schedule of batch sizes would regroup consecutive steps of this plan into
         # optimizer steps; the plan itself (one bin per rank per step) would not change.
-        packing_epoch = epoch if self._repacks_every_epoch() else 0
+        packing_epoch = self._packing_epoch(epoch)
         if resized:
             plan = self._plan_after_resizes(epoch, resized)
         else:
@@ -235,30 +235,21 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     def _plan_after_resizes(self, epoch: int, resized: tuple[tuple[int, int], ...]) -> EpochPlan:
         """What is left of ``epoch`` after runs of ``(num_replicas, steps)`` on other world
         sizes, planned for this one: each run's unused bins are dealt again to the next."""
-        packing_epoch = epoch if self._repacks_every_epoch() else 0
-        plan = self._new_planner(packing_epoch, resized[0][0]).plan(epoch)
+        packing = self._packing(self._packing_epoch(epoch))
+        plan = self._planner_for(packing, resized[0][0], self.seed).plan(epoch)
         sizes = [replicas for replicas, _ in resized[1:]] + [self.num_replicas]
         consumed = 0
         for run, ((replicas, step), size) in enumerate(zip(resized, sizes, strict=True)):
-            if plan.num_replicas != replicas or step > plan.n_steps:
+            # Each plan is built for its run's number of ranks; only the steps can disagree.
+            if step > plan.n_steps:
                 raise InvalidValueError(
                     f"state['resized'] does not match the plan of epoch {epoch}: run {run} "
-                    f"has {plan.n_steps} steps on {plan.num_replicas} ranks, the state says "
-                    f"{step} steps on {replicas}"
+                    f"has {plan.n_steps} steps on {replicas} ranks, the state says {step}"
                 )
             consumed += int(_bin_tokens(plan)[plan.steps[:step]].sum())
             try:
-                planner = Planner(
-                    plan.rest(step),
-                    size,
-                    seed=mix_seed(self.seed, _RESIZE_STREAM, run),
-                    shuffle=self.shuffle,
-                    balance=self.balance,
-                    drop_last=self.drop_last,
-                    pad_to_multiple_of=self.pad_to_multiple_of,
-                    split_sequences=self.oversize == "split",
-                    hidden_size=self.hidden_size,
-                )
+                seed = mix_seed(self.seed, _RESIZE_STREAM, run)
+                planner = self._planner_for(plan.rest(step), size, seed)
             except InvalidValueError as error:
                 raise InvalidValueError(
                     f"epoch {epoch} cannot be finished on {size} ranks after {step} of its "
@@ -286,13 +277,21 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         """The plan of another epoch, without disturbing the cached current one."""
         if not self._repacks_every_epoch() and self._planner is not None:
             return self._planner[1].plan(epoch)
-        return self._new_planner(epoch if self._repacks_every_epoch() else 0).plan(epoch)
+        return self._new_planner(self._packing_epoch(epoch)).plan(epoch)
 
-    def _new_planner(self, packing_epoch: int, num_replicas: int | None = None) -> Planner:
+    def _packing_epoch(self, epoch: int) -> int:
+        """The epoch whose packing ``epoch`` uses (0 unless every epoch repacks)."""
+        return epoch if self._repacks_every_epoch() else 0
+
+    def _new_planner(self, packing_epoch: int) -> Planner:
+        return self._planner_for(self._packing(packing_epoch), self.num_replicas, self.seed)
+
+    def _planner_for(self, packing: Packing, num_replicas: int, seed: int) -> Planner:
+        """A planner with this sampler's options for ``packing`` on ``num_replicas`` ranks."""
         return Planner(
-            self._packing(packing_epoch),
-            self.num_replicas if num_replicas is None else num_replicas,
-            seed=self.seed,
+            packing,
+            num_replicas,
+            seed=seed,
             shuffle=self.shuffle,
             balance=self.balance,
             drop_last=self.drop_last,
