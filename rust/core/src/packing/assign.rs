@@ -27,14 +27,7 @@ pub fn best_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOption
     let mut n_bins = 0u32;
     let mut bin_of = with_capacity_huge(n);
     for cost in costs {
-        let (remaining, open) = index.take_best(cost).unwrap_or_else(|| {
-            n_bins += 1;
-            let fresh = OpenBin {
-                bin: n_bins - 1,
-                count: 0,
-            };
-            (capacity, fresh)
-        });
+        let (remaining, open) = index.take_best_or_open(cost, capacity, &mut n_bins);
         let count = open.count + 1;
         if u64::from(count) < options.max_seqs {
             index.insert(remaining - cost, OpenBin { count, ..open });
@@ -65,14 +58,7 @@ pub fn best_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> As
     for &(cost, count) in runs {
         let mut left = u64::from(count);
         while left > 0 {
-            let (remaining, open) = index.take_best(cost).unwrap_or_else(|| {
-                n_bins += 1;
-                let fresh = OpenBin {
-                    bin: n_bins - 1,
-                    count: 0,
-                };
-                (capacity, fresh)
-            });
+            let (remaining, open) = index.take_best_or_open(cost, capacity, &mut n_bins);
             let fits = remaining.checked_div(cost).unwrap_or(u64::MAX);
             let slots = max_seqs - u64::from(open.count);
             if fits >= 2 || slots == 1 || left == 1 {

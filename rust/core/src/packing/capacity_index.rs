@@ -192,6 +192,25 @@ impl BestFitIndex {
         done
     }
 
+    /// [`take_best`](Self::take_best), or else a new empty bin of `capacity` numbered
+    /// `*n_bins` (which then counts it).
+    #[inline]
+    pub fn take_best_or_open(
+        &mut self,
+        need: u64,
+        capacity: u64,
+        n_bins: &mut u32,
+    ) -> (u64, OpenBin) {
+        self.take_best(need).unwrap_or_else(|| {
+            *n_bins += 1;
+            let fresh = OpenBin {
+                bin: *n_bins - 1,
+                count: 0,
+            };
+            (capacity, fresh)
+        })
+    }
+
     /// Remove and return the bin with the least remaining capacity that is at least `need`.
     #[inline]
     pub fn take_best(&mut self, need: u64) -> Option<(u64, OpenBin)> {
