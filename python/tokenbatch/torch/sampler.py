@@ -1,28 +1,14 @@
-"""PyTorch integration: a token-budget batch sampler for distributed training and the
-collators that turn its batches into padding-free or padded tensors.
-
-::
-
-    sampler = TokenBudgetBatchSampler(lengths, max_tokens=8192, seed=0)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=PackedCollator())
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            ...
-
-This module imports torch; the rest of tokenbatch does not.
-"""
+"""The token-budget batch sampler for single- and multi-GPU training."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterator, Mapping, Sequence, Sized
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Sampler
 
 from tokenbatch._convert import (
     as_choice,
@@ -37,15 +23,7 @@ from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
 
-__all__ = [
-    "BatchIndices",
-    "PackedCollator",
-    "PaddedCollator",
-    "SegmentDataset",
-    "TokenBudgetBatchSampler",
-    "sequence_lengths",
-    "stop_together",
-]
+__all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
 
 #: What the sampler yields: sequence indices, or ``(index, start, length)`` segments when
 #: sequences may be split or truncated (``oversize="split"`` or ``"truncate"``).
@@ -540,57 +518,6 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         )
 
 
-_T = TypeVar("_T")
-
-
-def stop_together(
-    batches: Iterable[_T],
-    *,
-    group: Any = None,
-    device: torch.device | str | None = None,
-) -> Iterator[_T]:
-    """Yield from ``batches`` while every rank of ``group`` still has a batch.
-
-    Data-parallel ranks that read streams of unknown length (such as
-    :class:`tokenbatch.stream.StreamingDataset` shards) hold different numbers of
-    batches; a rank that finishes early would leave the others waiting forever in their
-    next gradient all-reduce. Wrapping each rank's loader makes all of them stop after the
-    shortest one, at the cost of one all-reduce of a single integer per step::
-
-        for batch in stop_together(loader):
-            loss_fn(ddp_model(batch)).backward()
-
-    The batches the longer ranks had left are not yielded. Outside an initialized
-    process group this is plain iteration.
-
-    Args:
-        batches: this rank's batches (a DataLoader, any iterable).
-        group: the process group (default: the default group).
-        device: where the flag tensor lives; default: the current CUDA device for the
-            ``nccl`` backend, else the CPU.
-    """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        yield from batches
-        return
-    if device is None:
-        nccl = torch.distributed.get_backend(group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
-    flag = torch.ones(1, dtype=torch.int32, device=device)
-    iterator = iter(batches)
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            has_batch = 0
-        else:
-            has_batch = 1
-        flag.fill_(has_batch)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
-        if int(flag.item()) == 0:
-            return
-        yield batch
-
-
 def _bin_tokens(plan: EpochPlan) -> npt.NDArray[np.int64]:
     """Real tokens of every bin of ``plan``."""
     if len(plan.bin_offsets) <= 1:
@@ -619,231 +546,3 @@ def _as_bool(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidTypeError(f"{name} must be a bool, got {value!r}")
     return bool(value)
-
-
-def sequence_lengths(dataset: Any, key: str = "input_ids") -> npt.NDArray[np.int64]:
-    """Token count of every item of a map-style dataset (reads every item once).
-
-    Items are mappings holding ``key`` or token sequences themselves. Datasets that store
-    lengths (a column, an index file) should pass those to the sampler instead.
-    """
-    return np.fromiter(
-        (len(_tokens(dataset[i], key, i)) for i in range(len(dataset))),
-        dtype=np.int64,
-        count=len(dataset),
-    )
-
-
-class SegmentDataset(Dataset[Any]):
-    """Serve the ``(index, start, length)`` segments of a sampler with
-    ``oversize="split"`` or ``"truncate"`` from a map-style dataset.
-
-    ``dataset[index]`` must return a mapping whose token fields (``keys``) are sliceable
-    (lists, numpy arrays, tensors), or a token sequence itself. A segment returns the
-    item with those fields cut to ``[start:start + length]``; other fields are kept as
-    they are. Plain integer indices return the item unchanged, so the wrapper also works
-    for samplers that do not split.
-
-    A piece of a split sequence is a document of its own for the collator: its positions
-    restart at 0, and its first token is not predicted from the previous piece.
-
-    Raises:
-        InvalidValueError: an item is shorter than its segment (the lengths given to the
-            sampler do not match the dataset).
-    """
-
-    def __init__(self, dataset: Any, keys: Sequence[str] = ("input_ids", "labels")) -> None:
-        if isinstance(keys, str):
-            raise InvalidTypeError("keys must be a sequence of field names, not a string")
-        self.dataset = dataset
-        self.keys = tuple(keys)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int | Segment) -> Any:
-        if not isinstance(index, tuple):
-            return self.dataset[index]
-        position, start, length = index
-        item = self.dataset[position]
-        stop = start + length
-        if isinstance(item, Mapping):
-            sliced = dict(item)
-            for key in self.keys:
-                if key in item:
-                    sliced[key] = _cut(item[key], start, stop, key, position)
-            return sliced
-        return _cut(item, start, stop, "item", position)
-
-
-def _cut(values: Any, start: int, stop: int, key: str, position: int) -> Any:
-    if len(values) < stop:
-        raise InvalidValueError(
-            f"dataset item {position} has {len(values)} {key} tokens, but the sampler planned "
-            f"tokens {start}:{stop}; the lengths given to the sampler do not match the dataset"
-        )
-    return values[start:stop]
-
-
-def _tokens(item: Any, key: str, position: int) -> Any:
-    if isinstance(item, Mapping):
-        if key not in item:
-            raise InvalidValueError(f"dataset item {position} has no {key!r} field")
-        return item[key]
-    return item
-
-
-def _as_int64(values: Any, name: str) -> npt.NDArray[np.int64]:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    array = np.asarray(values)
-    if array.ndim != 1:
-        raise InvalidTypeError(f"{name} must be one-dimensional, got shape {array.shape}")
-    if array.size and array.dtype.kind not in "iu":
-        raise InvalidTypeError(f"{name} must hold integers, got dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
-
-
-def _read_items(
-    items: Sequence[Any], input_key: str, labels_key: str
-) -> tuple[list[npt.NDArray[np.int64]], list[npt.NDArray[np.int64] | None]]:
-    ids: list[npt.NDArray[np.int64]] = []
-    labels: list[npt.NDArray[np.int64] | None] = []
-    for position, item in enumerate(items):
-        tokens = _as_int64(_tokens(item, input_key, position), f"items[{position}][{input_key!r}]")
-        ids.append(tokens)
-        if isinstance(item, Mapping) and item.get(labels_key) is not None:
-            item_labels = _as_int64(item[labels_key], f"items[{position}][{labels_key!r}]")
-            if len(item_labels) != len(tokens):
-                raise InvalidValueError(
-                    f"items[{position}] has {len(tokens)} {input_key} but "
-                    f"{len(item_labels)} {labels_key}"
-                )
-            labels.append(item_labels)
-        else:
-            labels.append(None)
-    return ids, labels
-
-
-class PackedCollator:
-    """Concatenate a batch into one padding-free row, the format of varlen attention.
-
-    From items holding ``input_ids`` (and optionally ``labels``, unshifted, as Hugging
-    Face models take them) it returns:
-
-    * ``input_ids``, ``labels``, ``position_ids``: int64 tensors of shape
-      ``[1, total_tokens]``; positions restart at 0 for every sequence, and the label of
-      every sequence's first token is ``ignore_index``, so no sequence is trained to
-      predict the start of the next one;
-    * ``cu_seqlens``: int32 cumulative sequence lengths ``[0, l0, l0 + l1, ...]`` for
-      ``flash_attn_varlen_func``; ``max_seqlen``: the longest sequence (an int);
-    * ``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q`` / ``max_length_k``: the
-      same, under the names Hugging Face models accept for padding-free training.
-
-    Empty sequences are skipped. With ``pad_to_multiple_of > 1`` the row is padded with
-    ``pad_token_id`` to a multiple of it, as one more sequence whose labels are all
-    ``ignore_index``.
-
-    Items are mappings holding ``input_key`` (lists, numpy arrays or tensors), or the
-    token sequences themselves.
-    """
-
-    def __init__(
-        self,
-        *,
-        input_key: str = "input_ids",
-        labels_key: str = "labels",
-        ignore_index: int = -100,
-        pad_token_id: int = 0,
-        pad_to_multiple_of: int = 1,
-    ) -> None:
-        self.input_key = input_key
-        self.labels_key = labels_key
-        self.ignore_index = as_int(ignore_index, "ignore_index")
-        self.pad_token_id = as_int(pad_token_id, "pad_token_id")
-        self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
-
-    def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
-        """Collate ``items`` (one batch of the sampler) into tensors."""
-        ids, labels = _read_items(items, self.input_key, self.labels_key)
-        keep = [i for i, tokens in enumerate(ids) if len(tokens)]
-        ids = [ids[i] for i in keep]
-        labels_list: list[npt.NDArray[np.int64]] = []
-        for tokens, i in zip(ids, keep, strict=True):
-            item_labels = labels[i]
-            labels_list.append(tokens if item_labels is None else item_labels)
-        seq_lens = [len(tokens) for tokens in ids]
-        total = sum(seq_lens)
-        padding = -total % self.pad_to_multiple_of
-        if padding:
-            ids.append(np.full(padding, self.pad_token_id, dtype=np.int64))
-            labels_list.append(np.full(padding, self.ignore_index, dtype=np.int64))
-            seq_lens.append(padding)
-        lens = np.asarray(seq_lens, dtype=np.int64)
-        cu = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=cu[1:])
-        n_tokens = int(cu[-1])
-        input_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        label_row = np.concatenate(labels_list) if ids else np.zeros(0, dtype=np.int64)
-        label_row[cu[:-1]] = self.ignore_index
-        position_ids = np.arange(n_tokens, dtype=np.int64) - np.repeat(cu[:-1], lens)
-        cu_seqlens = torch.from_numpy(cu.astype(np.int32))
-        max_seqlen = int(lens.max()) if len(lens) else 0
-        return {
-            "input_ids": torch.from_numpy(input_ids).view(1, n_tokens),
-            "labels": torch.from_numpy(label_row).view(1, n_tokens),
-            "position_ids": torch.from_numpy(position_ids).view(1, n_tokens),
-            "cu_seqlens": cu_seqlens,
-            "max_seqlen": max_seqlen,
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": max_seqlen,
-            "max_length_k": max_seqlen,
-        }
-
-
-class PaddedCollator:
-    """Pad a batch to its longest sequence: ``input_ids``, ``attention_mask`` (1 for real
-    tokens) and ``labels`` (``ignore_index`` on padding), int64 tensors of shape
-    ``[batch, longest]`` (rounded up to ``pad_to_multiple_of``).
-
-    Labels are unshifted (the model shifts them); items may carry their own ``labels``.
-    ``padding_side="left"`` puts the padding first.
-    """
-
-    def __init__(
-        self,
-        *,
-        input_key: str = "input_ids",
-        labels_key: str = "labels",
-        pad_token_id: int = 0,
-        ignore_index: int = -100,
-        pad_to_multiple_of: int = 1,
-        padding_side: Literal["right", "left"] = "right",
-    ) -> None:
-        self.input_key = input_key
-        self.labels_key = labels_key
-        self.pad_token_id = as_int(pad_token_id, "pad_token_id")
-        self.ignore_index = as_int(ignore_index, "ignore_index")
-        self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
-        self.padding_side = as_choice(padding_side, "padding_side", ("right", "left"))
-
-    def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """Collate ``items`` into padded tensors."""
-        ids, labels = _read_items(items, self.input_key, self.labels_key)
-        longest = max((len(tokens) for tokens in ids), default=0)
-        width = -(-longest // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        input_ids = np.full((len(ids), width), self.pad_token_id, dtype=np.int64)
-        label_rows = np.full((len(ids), width), self.ignore_index, dtype=np.int64)
-        mask = np.zeros((len(ids), width), dtype=np.int64)
-        for row, (tokens, item_labels) in enumerate(zip(ids, labels, strict=True)):
-            n = len(tokens)
-            span = slice(0, n) if self.padding_side == "right" else slice(width - n, width)
-            input_ids[row, span] = tokens
-            label_rows[row, span] = tokens if item_labels is None else item_labels
-            mask[row, span] = 1
-        return {
-            "input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(mask),
-            "labels": torch.from_numpy(label_rows),
-        }

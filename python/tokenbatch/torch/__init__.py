@@ -1,0 +1,31 @@
+"""PyTorch integration: a token-budget batch sampler for distributed training and the
+collators that turn its batches into padding-free or padded tensors.
+
+::
+
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens=8192, seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=PackedCollator())
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            ...
+
+This package imports torch; the rest of tokenbatch does not.
+"""
+
+from __future__ import annotations
+
+from tokenbatch.torch.collate import PackedCollator, PaddedCollator
+from tokenbatch.torch.data import SegmentDataset, sequence_lengths
+from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
+from tokenbatch.torch.sync import stop_together
+
+__all__ = [
+    "BatchIndices",
+    "PackedCollator",
+    "PaddedCollator",
+    "SegmentDataset",
+    "TokenBudgetBatchSampler",
+    "sequence_lengths",
+    "stop_together",
+]
