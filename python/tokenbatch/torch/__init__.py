@@ -18,14 +18,17 @@ from __future__ import annotations
 from tokenbatch.torch.collate import PackedCollator, PaddedCollator
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
 from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
+from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
 from tokenbatch.torch.sync import stop_together
 
 __all__ = [
     "BatchIndices",
+    "OptimizerSteps",
     "PackedCollator",
     "PaddedCollator",
     "SegmentDataset",
     "TokenBudgetBatchSampler",
+    "optimizer_steps",
     "sequence_lengths",
     "stop_together",
 ]
