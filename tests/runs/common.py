@@ -1,0 +1,82 @@
+"""Shared pieces of the multi-process trainer runs: a tiny Llama built from a config, a
+synthetic corpus whose documents say who they are, and one JSON log per rank.
+
+Document ``i`` starts with the tokens ``i % VOCAB, i // VOCAB``, so the documents of any
+packed micro-batch can be read back from its ``input_ids`` and ``cu_seq_lens_q``,
+whatever the framework did with the batch on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+VOCAB = 128
+N_DOCS = 480
+MAX_TOKENS = 512
+
+
+def lengths(n: int = N_DOCS, seed: int = 0) -> np.ndarray:
+    """Document lengths in [2, 400], skewed towards short ones."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(4.0, 0.9, n).astype(np.int64), 2, 400)
+
+
+def documents(n: int = N_DOCS, seed: int = 0) -> list[dict[str, list[int]]]:
+    rng = np.random.default_rng(seed + 1)
+    docs = []
+    for i, length in enumerate(lengths(n, seed)):
+        tokens = rng.integers(0, VOCAB, int(length))
+        tokens[:2] = (i % VOCAB, i // VOCAB)
+        docs.append({"input_ids": tokens.tolist()})
+    return docs
+
+
+def tiny_llama(seed: int = 0) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    return LlamaForCausalLM(config)
+
+
+def decode(batch: dict[str, Any]) -> list[int]:
+    """The documents of a packed micro-batch, in order."""
+    ids = batch["input_ids"].reshape(-1).tolist()
+    starts = batch["cu_seq_lens_q"].tolist()[:-1]
+    return [ids[s] + VOCAB * ids[s + 1] for s in starts]
+
+
+def label_tokens(batch: dict[str, Any]) -> int:
+    """Labels a causal LM trains on (the first label of a row is never a target)."""
+    return int((batch["labels"][..., 1:] != -100).sum())
+
+
+class Log:
+    """One JSON line per record, per rank."""
+
+    def __init__(self, directory: str | Path, name: str) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        path = Path(directory) / f"{name}.rank{self.rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("w")
+
+    def write(self, **record: Any) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
