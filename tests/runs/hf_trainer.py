@@ -5,10 +5,10 @@ Trainer), and logs every micro-batch each rank trains on:
 
 * ``uninterrupted``: 2 epochs, 2 micro-batches per optimizer step;
 * ``stopped``: the same, with a DataLoader worker, stopped right after the checkpoint at
-  optimizer step ``STOP["ga"]`` (in the second epoch); ``resumed``: a new Trainer resumes
+  optimizer step ``TRAINER_STOP["ga"]`` (in the second epoch); ``resumed``: a new Trainer resumes
   from that checkpoint;
 * ``schedule_uninterrupted``, ``schedule_stopped``, ``schedule_resumed``: the same with a
-  batch-size ramp deciding the optimizer steps (stopped at ``STOP["schedule"]``).
+  batch-size ramp deciding the optimizer steps (stopped at ``TRAINER_STOP["schedule"]``).
 """
 
 from __future__ import annotations
@@ -17,37 +17,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common import MAX_TOKENS, Log, decode, documents, label_tokens, lengths, tiny_llama
+from run_support import (
+    MAX_TOKENS,
+    SCHEDULE,
+    TRAINER_STOP,
+    Log,
+    RecordingMixin,
+    documents,
+    lengths,
+    tiny_llama,
+)
 from transformers import TrainerCallback, TrainingArguments
 
 from tokenbatch.integrations.transformers import TokenBudgetTrainer
-from tokenbatch.schedule import LinearRamp
 from tokenbatch.torch import TokenBudgetBatchSampler
 
-#: Optimizer step to stop at, in the middle of the second epoch (19 + 19 steps with
-#: gradient accumulation, 16 + 10 under the ramp).
-STOP = {"ga": 28, "schedule": 20}
-SCHEDULE = LinearRamp(1024, 4096, 30_000, unit="tokens")
 
-
-class RecordingTrainer(TokenBudgetTrainer):
-    """Logs the documents, labels and normalizer of every micro-batch."""
-
-    def __init__(self, *args: Any, records: Log, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.records = records
-
-    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        loss = super().compute_loss(model, inputs, *args, **kwargs)
-        self.records.write(
-            epoch=self.token_budget_sampler.epoch,
-            step=self.state.global_step,
-            docs=decode(inputs),
-            labels=label_tokens(inputs),
-            num_items=int(kwargs["num_items_in_batch"]),
-            loss=float(loss),
-        )
-        return loss
+class RecordingTrainer(RecordingMixin, TokenBudgetTrainer):
+    pass
 
 
 class StopAfterSaving(TrainerCallback):
@@ -78,6 +65,7 @@ def run(
         use_cpu=True,
         report_to=[],
         disable_tqdm=True,
+        ddp_find_unused_parameters=False,
         num_train_epochs=2,
         gradient_accumulation_steps=1 if schedule else 2,
         learning_rate=3e-3,
@@ -98,8 +86,8 @@ def run(
         train_dataset=documents(),
         batch_sampler=sampler,
         callbacks=[StopAfterSaving(stop)] if stop is not None else None,
-        records=Log(out, name),
     )
+    trainer.records = Log(out, name)
     trainer.train(resume_from_checkpoint=resume)
 
 
@@ -108,7 +96,7 @@ def main() -> None:
     for mode, prefix in (("ga", ""), ("schedule", "schedule_")):
         schedule = mode == "schedule"
         run(out, f"{prefix}uninterrupted", str(out / f"{prefix}a"), schedule=schedule)
-        stopped, stop = str(out / f"{prefix}b"), STOP[mode]
+        stopped, stop = str(out / f"{prefix}b"), TRAINER_STOP[mode]
         options: dict[str, Any] = {"schedule": schedule, "workers": 1, "save_steps": stop}
         run(out, f"{prefix}stopped", stopped, stop=stop, **options)
         run(out, f"{prefix}resumed", stopped, resume=f"{stopped}/checkpoint-{stop}", **options)

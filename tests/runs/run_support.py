@@ -16,9 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenbatch.schedule import LinearRamp
+
 VOCAB = 128
 N_DOCS = 480
 MAX_TOKENS = 512
+#: The batch-size ramp of the schedule runs.
+SCHEDULE = LinearRamp(1024, 4096, 30_000, unit="tokens")
+#: Optimizer step the Trainer runs stop at, in the middle of the second epoch (19 + 19
+#: steps of 2 micro-batches, 16 + 10 steps under the ramp).
+TRAINER_STOP = {"ga": 28, "schedule": 20}
 
 
 def lengths(n: int = N_DOCS, seed: int = 0) -> np.ndarray:
@@ -56,6 +63,27 @@ def tiny_llama(seed: int = 0) -> Any:
     return LlamaForCausalLM(config)
 
 
+def tiny_tokenizer() -> Any:
+    """A word-level tokenizer over the words ``<0> ... <127>`` (``<0>`` pads, ``<1>`` ends
+    a text; special tokens are matched inside words, so no word may contain another)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(VOCAB)}, unk_token="<2>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<0>", eos_token="<1>", unk_token="<2>"
+    )
+
+
+def texts(n: int = N_DOCS, seed: int = 0) -> list[dict[str, str]]:
+    """The documents as text for :func:`tiny_tokenizer` (a trailing space, so that the
+    EOS a trainer appends is a word of its own)."""
+    return [
+        {"text": "".join(f"<{token}> " for token in doc["input_ids"])} for doc in documents(n, seed)
+    ]
+
+
 def decode(batch: dict[str, Any]) -> list[int]:
     """The documents of a packed micro-batch, in order."""
     ids = batch["input_ids"].reshape(-1).tolist()
@@ -66,6 +94,25 @@ def decode(batch: dict[str, Any]) -> list[int]:
 def label_tokens(batch: dict[str, Any]) -> int:
     """Labels a causal LM trains on (the first label of a row is never a target)."""
     return int((batch["labels"][..., 1:] != -100).sum())
+
+
+class RecordingMixin:
+    """Put first among the bases of a Trainer: logs the documents, labels, normalizer and
+    loss of every micro-batch to ``records`` (a :class:`Log`)."""
+
+    records: Log
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        self.records.write(
+            epoch=self.token_budget_sampler.epoch,
+            step=self.state.global_step,
+            docs=decode(inputs),
+            labels=label_tokens(inputs),
+            num_items=int(kwargs["num_items_in_batch"]),
+            loss=float(loss.detach()),
+        )
+        return loss
 
 
 class Log:
