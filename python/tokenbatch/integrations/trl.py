@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trl import SFTTrainer
+from trl.trainer.sft_trainer import SFTTrainer
 
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.integrations.transformers import TokenBudgetTrainerMixin
@@ -33,7 +33,7 @@ from tokenbatch.integrations.transformers import TokenBudgetTrainerMixin
 __all__ = ["TokenBudgetSFTTrainer"]
 
 
-class TokenBudgetSFTTrainer(TokenBudgetTrainerMixin, SFTTrainer):  # type: ignore[misc]
+class TokenBudgetSFTTrainer(TokenBudgetTrainerMixin, SFTTrainer):
     """``trl.SFTTrainer`` on token-budget micro-batches; see
     :class:`~tokenbatch.integrations.transformers.TokenBudgetTrainerMixin` for the
     arguments it adds.
