@@ -196,3 +196,79 @@ def test_sft_trainer_uses_each_document_once_with_equal_steps(trl_sft: Logs) -> 
 
 def test_sft_trainer_normalizes_by_the_label_tokens_of_all_ranks(trl_sft: Logs) -> None:
     assert_num_items_count_every_rank(trl_sft["sft"])
+
+
+# -- Accelerate --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def accelerate_loop(tmp_path_factory: pytest.TempPathFactory) -> Logs:
+    return launch("accelerate_loop.py", tmp_path_factory.mktemp("accelerate"))
+
+
+def test_accelerate_loop_uses_each_document_once_with_equal_steps(accelerate_loop: Logs) -> None:
+    assert_each_document_once_per_epoch(accelerate_loop["accelerate"])
+    assert_num_items_count_every_rank(accelerate_loop["accelerate"])
+    n = len(sampler_of_the_runs())
+    assert all(len(records) == 2 * n for records in accelerate_loop["accelerate"].values())
+
+
+def test_plain_accelerate_prepare_shards_the_sampler_again(accelerate_loop: Logs) -> None:
+    # Why prepare_data_loader exists: accelerator.prepare keeps every other batch of each
+    # rank's already distributed micro-batches, and about half the data is never seen.
+    n = len(sampler_of_the_runs())
+    plain = accelerate_loop["plain"]
+    assert all(len(records) == -(-n // 2) for records in plain.values())
+    seen = {d for records in plain.values() for r in records for d in r["docs"]}
+    assert len(seen) < 0.6 * run_support.N_DOCS
+
+
+# -- torchdata StatefulDataLoader, and the gradients of a normalized step -----------------
+
+
+@pytest.fixture(scope="module")
+def stateful_loader(tmp_path_factory: pytest.TempPathFactory) -> tuple[Logs, Path]:
+    out = tmp_path_factory.mktemp("stateful_loader")
+    return launch("stateful_loader.py", out), out
+
+
+def test_stateful_loader_uses_each_document_once_with_equal_steps(
+    stateful_loader: tuple[Logs, Path],
+) -> None:
+    logs, _ = stateful_loader
+    assert_each_document_once_per_epoch(logs["uninterrupted"])
+    assert_num_items_count_every_rank(logs["uninterrupted"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_loader_resumes_mid_epoch_exactly(
+    stateful_loader: tuple[Logs, Path], workers: int
+) -> None:
+    logs, _ = stateful_loader
+    assert_resumed_exactly(
+        logs["uninterrupted"], logs[f"stopped_w{workers}"], logs[f"resumed_w{workers}"]
+    )
+
+
+def flat_gradients(path: Path) -> Any:
+    import torch
+
+    grads = torch.load(path)
+    return torch.cat([grads[name].flatten() for name in sorted(grads)]).double()
+
+
+def test_step_normalization_gives_the_gradients_of_one_process_over_the_global_batch(
+    stateful_loader: tuple[Logs, Path],
+) -> None:
+    # Two ranks accumulate three token-budget micro-batches each under DDP; the reference
+    # is one process over all six with sum-over-tokens / total-tokens.
+    _, out = stateful_loader
+    meta = json.loads((out / "grads.json").read_text())
+    assert meta["num_items_in_batch"] == meta["label_tokens"], "counted from the plan"
+    reference = flat_gradients(out / "grads_reference.pt")
+    normalized = flat_gradients(out / "grads_step.pt")
+    per_micro_batch_mean = flat_gradients(out / "grads_mean.pt")
+    error = float((normalized - reference).norm() / reference.norm())
+    assert error < 1e-5, f"normalized by the step's label tokens: relative error {error:.2e}"
+    error = float((per_micro_batch_mean - reference).norm() / reference.norm())
+    assert error > 1e-3, f"per-micro-batch means should weigh tokens unequally: {error:.2e}"

@@ -84,6 +84,18 @@ def texts(n: int = N_DOCS, seed: int = 0) -> list[dict[str, str]]:
     ]
 
 
+#: What a Hugging Face causal LM takes from a PackedCollator batch.
+MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
+              "max_length_q", "max_length_k")  # fmt: skip
+
+
+def step_normalized_loss(model: Any, batch: dict[str, Any], num_items: int, world: int) -> Any:
+    """The micro-batch's summed token loss over the label tokens of its whole optimizer
+    step on all ranks, times the ranks DDP averages the gradients over."""
+    inputs = {key: batch[key] for key in MODEL_KEYS}
+    return model(**inputs, num_items_in_batch=num_items).loss * world
+
+
 def decode(batch: dict[str, Any]) -> list[int]:
     """The documents of a packed micro-batch, in order."""
     ids = batch["input_ids"].reshape(-1).tolist()
@@ -127,3 +139,14 @@ class Log:
     def write(self, **record: Any) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+
+    def micro_batch(self, epoch: int, steps: Any, i: int, batch: Any, loss: Any) -> None:
+        """Record micro-batch ``i`` of ``epoch`` (``steps``: its OptimizerSteps)."""
+        self.write(
+            epoch=epoch,
+            step=steps.step_of(i),
+            docs=decode(batch),
+            labels=label_tokens(batch),
+            num_items=steps.num_items_in_batch(i),
+            loss=float(loss.detach()),
+        )
