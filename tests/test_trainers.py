@@ -272,3 +272,26 @@ def test_step_normalization_gives_the_gradients_of_one_process_over_the_global_b
     assert error < 1e-5, f"normalized by the step's label tokens: relative error {error:.2e}"
     error = float((per_micro_batch_mean - reference).norm() / reference.norm())
     assert error > 1e-3, f"per-micro-batch means should weigh tokens unequally: {error:.2e}"
+
+
+# -- Lightning ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lightning_fit(tmp_path_factory: pytest.TempPathFactory) -> Logs:
+    return launch("lightning_fit.py", tmp_path_factory.mktemp("lightning"))
+
+
+def test_lightning_uses_each_document_once_with_equal_steps(lightning_fit: Logs) -> None:
+    assert_each_document_once_per_epoch(lightning_fit["uninterrupted"])
+    assert_num_items_count_every_rank(lightning_fit["uninterrupted"])
+    n = len(sampler_of_the_runs())
+    for records in lightning_fit["uninterrupted"].values():
+        for epoch in (0, 1):
+            assert micro_batches_per_step(records, epoch) == [2] * (n // 2) + [1] * (n % 2)
+
+
+def test_lightning_resumes_mid_epoch_exactly(lightning_fit: Logs) -> None:
+    assert_resumed_exactly(
+        lightning_fit["uninterrupted"], lightning_fit["stopped"], lightning_fit["resumed"]
+    )
