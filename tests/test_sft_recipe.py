@@ -18,10 +18,11 @@ from tokenbatch.hf import pack_dataset
 
 VOCAB = 64
 
-# TRL's SFTConfig still sets the name transformers 5 deprecated.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`gradient_checkpointing` is deprecated:FutureWarning"
-)
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    # TRL's SFTConfig still sets the name transformers 5 deprecated.
+    pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning"),
+]
 
 
 def sft_config(**options: Any) -> SFTConfig:
