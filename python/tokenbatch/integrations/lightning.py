@@ -114,6 +114,7 @@ class TokenBudgetCallback(pl.Callback):
         return self.steps.num_items_in_batch(batch_idx)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Build the sampler (once the processes exist) and check it against the Trainer."""
         if self._sampler is None:
             assert callable(self._source)
             sampler = self._source()
@@ -141,7 +142,8 @@ class TokenBudgetCallback(pl.Callback):
         self._accumulate = trainer.accumulate_grad_batches
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Lightning sets the epoch of a loader's sampler, not of its batch sampler.
+        """Set the sampler's epoch (Lightning sets a loader's sampler's, not its batch
+        sampler's)."""
         self.sampler.set_epoch(trainer.current_epoch)
         self._start = self._position = self.sampler.start_step
         self._steps = None
@@ -154,6 +156,8 @@ class TokenBudgetCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        """Count the micro-batches of the epoch trained on (``batch_idx`` counts from the
+        epoch's start, also after a resume)."""
         self._position = batch_idx + 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -162,6 +166,7 @@ class TokenBudgetCallback(pl.Callback):
         return {"sampler": self.sampler.state_dict(consumed_batches=self._position - self._start)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the sampler's position from a checkpoint (before Lightning iterates)."""
         sampler = self.sampler
         sampler.load_state_dict(state_dict["sampler"])
         if sampler.start_step >= len(sampler):
