@@ -1,10 +1,15 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and ``tests/runs`` on the import path (the
+trainer runs' shared corpus and settings, ``run_support``)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
 
 
 @pytest.fixture

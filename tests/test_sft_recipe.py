@@ -10,13 +10,10 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from run_support import VOCAB, tiny_llama, tiny_tokenizer
 from trl import SFTConfig, SFTTrainer
 
 from tokenbatch.hf import pack_dataset
-
-VOCAB = 64
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -45,28 +42,15 @@ def trainer(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> SFTTrainer:
     rng = np.random.default_rng(0)
     rows = [rng.integers(3, VOCAB, int(n)).tolist() for n in rng.integers(2, 60, 40)]
     packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": rows}), max_tokens=128)
-    vocab = {"<pad>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, VOCAB)}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w2")),
-        pad_token="<pad>",
-        eos_token="<eos>",
-    )
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    )  # fmt: skip
     return SFTTrainer(
-        model=LlamaForCausalLM(config),
+        model=tiny_llama(),
         args=sft_config(max_length=None),
         train_dataset=packed,
-        processing_class=tokenizer,
+        processing_class=tiny_tokenizer(),
     )
 
 
-def test_the_documented_config_needs_max_length_none(
-    trainer: SFTTrainer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_documented_config_needs_max_length_none(trainer: SFTTrainer) -> None:
     # What the guide said before: TRL 1.16 refuses it at construction.
     with pytest.raises(ValueError, match="max_length"):
         SFTTrainer(

@@ -22,12 +22,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import run_support
 
 from tokenbatch.torch import TokenBudgetBatchSampler, optimizer_steps
 
 RUNS = Path(__file__).resolve().parent / "runs"
-sys.path.insert(0, str(RUNS))
-import run_support  # noqa: E402  (the runs' corpus and settings)
 
 TIMEOUT_S = 420
 

@@ -32,7 +32,8 @@ import lightning.pytorch as pl
 import numpy as np
 import numpy.typing as npt
 
-from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.errors import InvalidValueError
+from tokenbatch.integrations._source import SamplerFrom
 from tokenbatch.torch.sampler import TokenBudgetBatchSampler
 from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
 
@@ -63,15 +64,7 @@ class TokenBudgetCallback(pl.Callback):
         *,
         label_counts: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     ) -> None:
-        if not isinstance(batch_sampler, TokenBudgetBatchSampler) and not callable(batch_sampler):
-            raise InvalidTypeError(
-                "batch_sampler must be a TokenBudgetBatchSampler or a function returning one, "
-                f"got {type(batch_sampler).__name__}"
-            )
-        self._source = batch_sampler
-        self._sampler = (
-            batch_sampler if isinstance(batch_sampler, TokenBudgetBatchSampler) else None
-        )
+        self._source = SamplerFrom(batch_sampler, "no arguments")
         self._label_counts = label_counts
         self._steps: OptimizerSteps | None = None
         self._accumulate = 1
@@ -82,12 +75,12 @@ class TokenBudgetCallback(pl.Callback):
     @property
     def sampler(self) -> TokenBudgetBatchSampler:
         """The batch sampler, for the ``train_dataloader`` hook (built in ``setup``)."""
-        if self._sampler is None:
+        if self._source.sampler is None:
             raise InvalidValueError(
                 "the sampler is built when the Trainer sets the callback up: read "
                 "TokenBudgetCallback.sampler in train_dataloader(), not before fit()"
             )
-        return self._sampler
+        return self._source.sampler
 
     @property
     def loss_scale(self) -> int:
@@ -115,16 +108,7 @@ class TokenBudgetCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Build the sampler (once the processes exist) and check it against the Trainer."""
-        if self._sampler is None:
-            assert callable(self._source)
-            sampler = self._source()
-            if not isinstance(sampler, TokenBudgetBatchSampler):
-                raise InvalidTypeError(
-                    "the batch_sampler function must return a TokenBudgetBatchSampler, got "
-                    f"{type(sampler).__name__}"
-                )
-            self._sampler = sampler
-        sampler = self._sampler
+        sampler = self._source.build()
         if (sampler.num_replicas, sampler.rank) != (trainer.world_size, trainer.global_rank):
             raise InvalidValueError(
                 f"the sampler was built for rank {sampler.rank} of {sampler.num_replicas}, but "

@@ -48,7 +48,8 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
 
-from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.errors import InvalidValueError
+from tokenbatch.integrations._source import SamplerFrom
 from tokenbatch.integrations.accelerate import prepare_data_loader
 from tokenbatch.torch.collate import PackedCollator
 from tokenbatch.torch.sampler import TokenBudgetBatchSampler
@@ -58,8 +59,6 @@ __all__ = ["SAMPLER_STATE_NAME", "TokenBudgetTrainer", "TokenBudgetTrainerMixin"
 
 #: The file, in every checkpoint folder, that holds the sampler's position.
 SAMPLER_STATE_NAME = "tokenbatch_sampler.json"
-
-SamplerSource = TokenBudgetBatchSampler | Callable[[Any], TokenBudgetBatchSampler]
 
 # The mixin calls Trainer methods through super(); type-check it as a Trainer.
 if TYPE_CHECKING:
@@ -123,15 +122,11 @@ class TokenBudgetTrainerMixin(_TrainerBase):
     def __init__(
         self,
         *args: Any,
-        batch_sampler: SamplerSource,
+        batch_sampler: TokenBudgetBatchSampler | Callable[[Any], TokenBudgetBatchSampler],
         label_counts: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(batch_sampler, TokenBudgetBatchSampler) and not callable(batch_sampler):
-            raise InvalidTypeError(
-                "batch_sampler must be a TokenBudgetBatchSampler or a function of the training "
-                f"set that returns one, got {type(batch_sampler).__name__}"
-            )
+        source = SamplerFrom(batch_sampler, "the training set")
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = PackedCollator()
         super().__init__(*args, **kwargs)
@@ -144,8 +139,8 @@ class TokenBudgetTrainerMixin(_TrainerBase):
         self.micro_batches_per_step: int = self.args.gradient_accumulation_steps
         self.args = copy.copy(self.args)
         self.args.gradient_accumulation_steps = 1
-        self._sampler_source = batch_sampler
-        self._built_sampler: TokenBudgetBatchSampler | None = None
+        self._sampler_source = source
+        self._checked = False
         self._label_counts = label_counts
         self._cursor: _StepCursor | None = None
         # (global step, epoch to start at) of the checkpoint train() resumes from.
@@ -156,17 +151,8 @@ class TokenBudgetTrainerMixin(_TrainerBase):
     @property
     def token_budget_sampler(self) -> TokenBudgetBatchSampler:
         """The batch sampler of the training set (built on first use from a function)."""
-        if self._built_sampler is None:
-            source = self._sampler_source
-            if isinstance(source, TokenBudgetBatchSampler):
-                sampler = source
-            else:
-                sampler = source(self.train_dataset)
-                if not isinstance(sampler, TokenBudgetBatchSampler):
-                    raise InvalidTypeError(
-                        "the batch_sampler function must return a TokenBudgetBatchSampler, got "
-                        f"{type(sampler).__name__}"
-                    )
+        sampler = self._sampler_source.build(self.train_dataset)
+        if not self._checked:
             if sampler.schedule is not None and self.micro_batches_per_step != 1:
                 raise InvalidValueError(
                     f"gradient_accumulation_steps={self.micro_batches_per_step} with a sampler "
@@ -174,8 +160,8 @@ class TokenBudgetTrainerMixin(_TrainerBase):
                     "step; leave gradient_accumulation_steps at 1"
                 )
             _check_lengths(sampler, self.train_dataset)
-            self._built_sampler = sampler
-        return self._built_sampler
+            self._checked = True
+        return sampler
 
     def optimizer_steps(self, epoch: int | None = None) -> OptimizerSteps:
         """The optimizer steps of ``epoch`` (default: the sampler's current one) and the
