@@ -4,6 +4,7 @@ and resumes (the 2-process runs are in test_trainers.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,13 @@ def test_lightning_callback_refuses_a_sampler_for_other_ranks(tmp_path: Path) ->
         lightning_trainer(budget, tmp_path).fit(Module(budget))
     with pytest.raises(InvalidTypeError, match="batch_sampler"):
         TokenBudgetCallback(3)  # type: ignore[arg-type]
+
+
+def test_importing_tokenbatch_imports_no_framework() -> None:
+    code = (
+        "import sys, tokenbatch, tokenbatch.integrations\n"
+        "loaded = {'torch', 'transformers', 'accelerate', 'lightning', 'trl', 'torchdata'}\n"
+        "print(sorted(loaded & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr
