@@ -294,3 +294,8 @@ def test_lightning_resumes_mid_epoch_exactly(lightning_fit: Logs) -> None:
     assert_resumed_exactly(
         lightning_fit["uninterrupted"], lightning_fit["stopped"], lightning_fit["resumed"]
     )
+
+
+def test_lightning_refuses_to_have_the_sampler_replaced(lightning_fit: Logs) -> None:
+    for records in lightning_fit["refused"].values():
+        assert "use_distributed_sampler=False" in records[0]["error"]

@@ -2,9 +2,10 @@
 
 ``Trainer(strategy="ddp", accelerator="cpu", devices=2)`` with a TokenBudgetCallback, 2
 epochs of optimizer steps of 2 micro-batches, every micro-batch logged:
-``uninterrupted``; ``stopped`` (a DataLoader worker, stopped after the checkpoint of
-optimizer step ``STOP``, in the second epoch) and ``resumed`` (a new Trainer fitting from
-that checkpoint).
+``refused`` (the error of a Trainer that would replace the sampler); ``uninterrupted``;
+``stopped`` (a DataLoader worker, stopped after the checkpoint of optimizer step
+``STOP``, in the second epoch) and ``resumed`` (a new Trainer fitting from that
+checkpoint).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from run_support import MAX_TOKENS, Log, documents, lengths, step_normalized_loss, tiny_llama
 from torch.utils.data import DataLoader
 
+from tokenbatch.errors import InvalidValueError
 from tokenbatch.integrations.lightning import TokenBudgetCallback
 from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
 
@@ -62,7 +64,13 @@ class StopAfterStep(pl.Callback):
 
 
 def fit(
-    out: Path, name: str, *, workers: int = 0, stop: bool = False, resume: bool = False
+    out: Path,
+    name: str,
+    *,
+    workers: int = 0,
+    stop: bool = False,
+    resume: bool = False,
+    distributed_sampler: bool = False,
 ) -> None:
     budget = TokenBudgetCallback(lambda: TokenBudgetBatchSampler(lengths(), MAX_TOKENS, seed=1))
     callbacks: list[pl.Callback] = [budget]
@@ -73,7 +81,7 @@ def fit(
         strategy="ddp",
         accelerator="cpu",
         devices=2,
-        use_distributed_sampler=False,
+        use_distributed_sampler=distributed_sampler,
         max_epochs=2,
         accumulate_grad_batches=2,
         callbacks=callbacks,
@@ -90,6 +98,10 @@ def fit(
 
 def main() -> None:
     out = Path(sys.argv[1])
+    try:  # Lightning would replace the sampler: refused before anything runs
+        fit(out, "refused", distributed_sampler=True)
+    except InvalidValueError as error:
+        Log(out, "refused").write(error=str(error))
     fit(out, "uninterrupted")
     fit(out, "stopped", workers=1, stop=True)
     fit(out, "resumed", workers=1, resume=True)
