@@ -11,6 +11,8 @@ import pytest
 import tokenbatch
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.scaling import (
+    LAWS,
+    BatchLaw,
     ExtrapolationWarning,
     ThreeTermLaw,
     deepseek_llm,
@@ -22,6 +24,7 @@ from tokenbatch.scaling import (
 from tokenbatch.schedule import LinearRamp
 
 TRUE = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
+PUBLISHED = BatchLaw.published("schaipp-2026")
 
 _F = npt.NDArray[np.float64]
 
@@ -45,9 +48,9 @@ def test_optimal_batch_formula_and_optimality() -> None:
     assert batches[np.argmin(losses)] == pytest.approx(best, rel=0.011)
 
 
-def test_near_optimal_range_costs_exactly_the_extra_compute() -> None:
+def test_extra_tokens_range_costs_exactly_the_extra_tokens() -> None:
     tokens = 1e11
-    low, high = TRUE.near_optimal_range(tokens, extra_compute=0.05)
+    low, high = TRUE.near_optimal_range(tokens, 0.05, definition="extra_tokens")
     best = TRUE.optimal_batch(tokens)
     assert low < best < high
     target = TRUE.loss(1e9, best, tokens / best)
@@ -56,28 +59,134 @@ def test_near_optimal_range_costs_exactly_the_extra_compute() -> None:
         # Tokens a run at this batch needs to reach the optimal loss: 5% more.
         steps = (TRUE.C / (target - floor - TRUE.B / batch**TRUE.beta)) ** (1 / TRUE.gamma)
         assert batch * steps == pytest.approx(1.05 * tokens, rel=1e-6)
-    wider = TRUE.near_optimal_range(tokens, extra_compute=0.2)
+    wider = TRUE.near_optimal_range(tokens, 0.2, definition="extra_tokens")
     assert wider[0] < low
     assert wider[1] > high
 
 
-def test_critical_batch_and_minimum_steps_and_tokens() -> None:
+@pytest.mark.parametrize("law", [TRUE.batch_law, PUBLISHED], ids=["synthetic", "schaipp-2026"])
+def test_paper_range_ends_satisfy_the_definition(law: BatchLaw) -> None:
+    for tokens in (3e9, 1e11, 2e12):
+        low, high = law.near_optimal_range(tokens, 0.05)
+        best = law.optimal_batch(tokens)
+        assert low < best < high
+        # Loss with D tokens at each end == the optimum's loss with 0.95 D tokens.
+        worst = law.loss(law.optimal_batch(0.95 * tokens), 0.95 * tokens)
+        for end in (low, high):
+            assert law.loss(end, tokens) == pytest.approx(worst, rel=1e-9)
+            assert law.token_fraction(end, tokens) == pytest.approx(0.95, rel=1e-8)
+        # Just inside the range the batch is better than that, just outside worse.
+        assert law.loss(low * 1.001, tokens) < worst < law.loss(low * 0.999, tokens)
+        assert law.loss(high * 0.999, tokens) < worst < law.loss(high * 1.001, tokens)
+
+
+def test_published_exponents_give_a_4x_range_and_387x_in_extra_tokens() -> None:
+    widths = set()
+    for tokens in (3e9, 1e11, 2e12):
+        low, high = PUBLISHED.near_optimal_range(tokens, 0.05)
+        widths.add(round(high / low, 6))
+        assert high / low == pytest.approx(4.0, rel=1e-3)
+        # The range in extra tokens is narrower (3.87x) and its ends move by 1% to 5%.
+        other_low, other_high = PUBLISHED.near_optimal_range(
+            tokens, 0.05, definition="extra_tokens"
+        )
+        assert other_high / other_low == pytest.approx(3.87, abs=0.01)
+        assert 0.01 < other_low / low - 1 < 0.05
+        assert 0.005 < other_high / high - 1 < 0.05
+    assert len(widths) == 1  # the width does not depend on the budget
+    # Nor on the scale of B and C: only the exponents matter.
+    scaled = BatchLaw(
+        B=7 * PUBLISHED.B, beta=PUBLISHED.beta, C=7 * PUBLISHED.C, gamma=PUBLISHED.gamma
+    )
+    assert scaled.near_optimal_range(1e11) == pytest.approx(PUBLISHED.near_optimal_range(1e11))
+
+
+def test_critical_batch_is_where_steps_and_tokens_trade_evenly() -> None:
+    law = TRUE.batch_law
+    reducible = law.loss(law.optimal_batch(1e11), 1e11)
+    crit = law.critical_batch(reducible)
+
+    def log_steps(batch: float) -> float:
+        return math.log(law.tokens_to_reach(batch, reducible) / batch)
+
+    # d ln K / d ln M = -1/2: 1% more batch saves 0.5% of the steps for 0.5% more tokens.
+    h = 1e-5
+    slope = (log_steps(crit * math.exp(h)) - log_steps(crit * math.exp(-h))) / (2 * h)
+    assert slope == pytest.approx(-0.5, abs=1e-6)
+    # It is the batch with the smallest steps x tokens.
+    batches = crit * np.exp(np.linspace(-1, 1, 2001))
+    products = [law.tokens_to_reach(b, reducible) ** 2 / b for b in batches]
+    assert batches[int(np.argmin(products))] == pytest.approx(crit, rel=2e-3)
+    ratio = ((2 * law.beta + law.gamma) / (law.beta + law.gamma)) ** (1 / law.beta)
+    assert crit == pytest.approx(ratio * law.min_tokens_batch(reducible))
+    # On McCandlish's hyperbola the same definition gives his critical batch.
+    grid = 2.0 ** np.linspace(10, 30, 2001)
+    mccandlish = [math.prod(mccandlish_tradeoff(b, 2**20)) for b in grid]
+    assert grid[int(np.argmin(mccandlish))] == pytest.approx(2**20, rel=0.01)
+
+
+def test_mccandlish_critical_batch_and_minimum_steps_and_tokens() -> None:
     n, tokens = 1e9, 1e11
     best = TRUE.optimal_batch(tokens)
     target = TRUE.loss(n, best, tokens / best)
+    reducible = target - TRUE.E - TRUE.A / n**TRUE.alpha
     # The token-optimal batch for the loss reached at D is the loss-optimal batch at D.
     assert TRUE.min_tokens(target, n) == pytest.approx(tokens, rel=1e-9)
     assert TRUE.min_tokens_batch(target, n) == pytest.approx(best, rel=1e-9)
     s_min = TRUE.min_steps(target, n)
-    crit = TRUE.critical_batch(target, n)
+    crit = TRUE.mccandlish_critical_batch(target, n)
     assert crit == pytest.approx(tokens / s_min)
     assert crit == pytest.approx(best * ((0.3 + 0.4) / 0.3) ** (1 / 0.4))
+    assert TRUE.critical_batch(target, n) == pytest.approx(TRUE.batch_law.critical_batch(reducible))
+    # This law is not McCandlish's hyperbola: at his critical batch, steps and tokens are
+    # both well above twice their minimum (2.46x here, 18.7x for the published exponents).
+    for law, expected in ((TRUE.batch_law, 2.4627), (PUBLISHED, 18.7295)):
+        r = law.loss(law.optimal_batch(tokens), tokens)
+        mccandlish = law.mccandlish_critical_batch(r)
+        needed = law.tokens_to_reach(mccandlish, r)
+        assert needed / law.min_tokens(r) == pytest.approx(expected, rel=1e-4)
+        assert needed / mccandlish / law.min_steps(r) == pytest.approx(expected, rel=1e-4)
     # Steps needed fall towards S_min as the batch grows.
     huge = 1e13
     steps_needed = (TRUE.C / (target - TRUE.loss(n, huge, 1e300))) ** (1 / TRUE.gamma)
     assert steps_needed == pytest.approx(s_min, rel=0.05)
     with pytest.raises(InvalidValueError, match=r"not reachable"):
         TRUE.min_steps(1.5, n)
+
+
+@pytest.mark.parametrize("law", [TRUE.batch_law, PUBLISHED], ids=["synthetic", "schaipp-2026"])
+def test_critical_tokens_start_a_batch_at_its_critical_point(law: BatchLaw) -> None:
+    for batch in (2.0**20, 2.0**23):
+        start = law.critical_tokens(batch)
+        assert law.critical_batch(law.loss(batch, start)) == pytest.approx(batch, rel=1e-9)
+        assert law.critical_batch(law.loss(batch, start * 1.01)) > batch
+        # A 2^(-1/gamma) share of the budget for which this batch is optimal.
+        optimal_for = 1e10 * (batch / law.optimal_batch(1e10)) ** (1 / law.batch_exponent)
+        assert start == pytest.approx(optimal_for * 2 ** (-1 / law.gamma), rel=1e-9)
+
+
+def test_published_three_term_law_reproduces_its_optimal_batch_law() -> None:
+    info = LAWS["schaipp-2026"]
+    assert PUBLISHED.info is info
+    assert "2607.01487" in info.reference
+    assert info.runs == 246
+    assert info.validity == {"n_params": (5e7, 1e9), "tokens": (2e9, math.inf)}
+    assert "beta_plus_gamma" in info.derived
+    for tokens in (2e9, 1e10, 3e11, 1e12, 1.5e13):
+        assert PUBLISHED.optimal_batch(tokens) == pytest.approx(0.667 * tokens**0.566, rel=1e-12)
+    assert PUBLISHED.batch_exponent == pytest.approx(0.566, rel=1e-12)
+    assert PUBLISHED.beta + PUBLISHED.gamma == pytest.approx(0.21372)
+    assert PUBLISHED.token_fraction(PUBLISHED.optimal_batch(1e11), 1e11) == pytest.approx(1.0)
+    with pytest.warns(ExtrapolationWarning, match=r"tokens=1e\+09"):
+        PUBLISHED.optimal_batch(1e9)
+    with pytest.raises(InvalidValueError, match=r"known: \['schaipp-2026'\]"):
+        BatchLaw.published("step")
+    with pytest.raises(InvalidValueError, match="below 1"):
+        BatchLaw.from_optimal_batch(0.667, 1.2, 0.2)
+    with pytest.raises(InvalidValueError, match="tolerance must be below 1"):
+        PUBLISHED.near_optimal_range(1e11, 1.0)
+    with pytest.raises(InvalidValueError, match="definition must be"):
+        PUBLISHED.near_optimal_range(1e11, definition="compute")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -1,0 +1,48 @@
+"""Scaling laws for choosing the batch size instead of guessing it, and a launch plan.
+
+* :class:`ThreeTermLaw`: ``L(N, M, K) = E + A / N^alpha + B / M^beta + C / K^gamma`` with
+  ``N`` parameters, ``M`` the batch in tokens and ``K`` optimizer steps (tokens
+  ``D = M K``), fitted robustly to runs that include suboptimal batch sizes; its batch
+  terms :class:`BatchLaw` give the loss-optimal batch for a token budget, the range of
+  near-optimal batches (Schaipp's definition, or in extra tokens), the critical batch on
+  the law's own steps-tokens trade-off (and McCandlish's), and the fewest steps and tokens
+  that reach a target loss.
+* Published laws as data (:data:`LAWS`: coefficients, units, fitted ranges, source):
+  Schaipp's three-term law (:meth:`BatchLaw.published`), :func:`step_law`,
+  :func:`deepseek_llm`, :func:`kaplan_critical_batch`, and McCandlish et al.'s trade-off
+  :func:`mccandlish_tradeoff`; each warns with :class:`ExtrapolationWarning` outside the
+  data it was fitted on.
+* :func:`recommend`: a batch size from Step Law or DeepSeek LLM and a rule-of-thumb ramp.
+
+Only numpy is needed: the fit is a Levenberg-Marquardt iteration on the Huber loss of
+log-loss residuals (iteratively reweighted), started from several points.
+"""
+
+from __future__ import annotations
+
+from tokenbatch.scaling.published import (
+    LAWS,
+    ExtrapolationWarning,
+    LawInfo,
+    deepseek_llm,
+    kaplan_critical_batch,
+    mccandlish_tradeoff,
+    step_law,
+)
+from tokenbatch.scaling.recommend import Recommendation, recommend
+from tokenbatch.scaling.three_term import BatchLaw, RangeDefinition, ThreeTermLaw
+
+__all__ = [
+    "LAWS",
+    "BatchLaw",
+    "ExtrapolationWarning",
+    "LawInfo",
+    "RangeDefinition",
+    "Recommendation",
+    "ThreeTermLaw",
+    "deepseek_llm",
+    "kaplan_critical_batch",
+    "mccandlish_tradeoff",
+    "recommend",
+    "step_law",
+]
