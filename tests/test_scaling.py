@@ -163,6 +163,8 @@ def test_critical_tokens_start_a_batch_at_its_critical_point(law: BatchLaw) -> N
         # A 2^(-1/gamma) share of the budget for which this batch is optimal.
         optimal_for = 1e10 * (batch / law.optimal_batch(1e10)) ** (1 / law.batch_exponent)
         assert start == pytest.approx(optimal_for * 2 ** (-1 / law.gamma), rel=1e-9)
+        assert law.critical_batch_after(start) == pytest.approx(batch, rel=1e-9)
+    assert law.critical_batch_after(np.array([1e9, 1e10])).shape == (2,)
 
 
 def test_published_three_term_law_reproduces_its_optimal_batch_law() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,6 +146,21 @@ LAWS: dict[str, LawInfo] = {
     ),
 }
 """The published laws this module implements, by name."""
+
+
+@contextmanager
+def recorded_extrapolation(stacklevel: int) -> Iterator[list[str]]:
+    """Collect the :class:`ExtrapolationWarning` messages raised inside, then warn them again,
+    so a result can list them while users still see each one. ``stacklevel`` counts as in
+    ``warnings.warn`` called by the function using this context (2: that function's caller)."""
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ExtrapolationWarning)
+        yield messages
+    for warning in caught:
+        if issubclass(warning.category, ExtrapolationWarning):
+            messages.append(str(warning.message))
+        warnings.warn(warning.message, warning.category, stacklevel=stacklevel + 2)
 
 
 def positive_float(value: object, name: str) -> float:

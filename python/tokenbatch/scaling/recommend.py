@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -10,9 +9,9 @@ from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.scaling.published import (
     LAWS,
-    ExtrapolationWarning,
     deepseek_llm,
     positive_float,
+    recorded_extrapolation,
     step_law,
 )
 from tokenbatch.schedule import LinearRamp
@@ -90,17 +89,13 @@ def recommend(
     start_ratio = _positive_float(ramp_start_ratio, "ramp_start_ratio")
     if fraction >= 1 or start_ratio > 1:
         raise InvalidValueError("ramp_fraction must be < 1 and ramp_start_ratio <= 1")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ExtrapolationWarning)
+    if law not in ("step", "deepseek"):
+        raise InvalidValueError(f"law must be 'step' or 'deepseek', got {law!r}")
+    with recorded_extrapolation(stacklevel=2) as messages:
         if law == "step":
             raw, lr = step_law(n, total)
-        elif law == "deepseek":
-            raw, lr = deepseek_llm(6.0 * n * total)
         else:
-            raise InvalidValueError(f"law must be 'step' or 'deepseek', got {law!r}")
-    messages = [str(w.message) for w in caught if issubclass(w.category, ExtrapolationWarning)]
-    for message in messages:
-        warnings.warn(message, ExtrapolationWarning, stacklevel=2)
+            raw, lr = deepseek_llm(6.0 * n * total)
     info = LAWS[law]
     batch = max(grid, round(raw / grid) * grid)
     steps = total // batch

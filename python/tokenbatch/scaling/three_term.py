@@ -120,9 +120,12 @@ class BatchLaw:
         """Exponent of the optimal batch in tokens: ``gamma / (beta + gamma)``."""
         return self.gamma / (self.beta + self.gamma)
 
-    def _optimal(self, tokens: float) -> float:
+    def _optimal(self, tokens: Any) -> Any:
         ratio = self.beta * self.B / (self.gamma * self.C)
-        return float(ratio ** (1 / (self.beta + self.gamma)) * tokens**self.batch_exponent)
+        value = ratio ** (1 / (self.beta + self.gamma)) * np.asarray(tokens, dtype=np.float64) ** (
+            self.batch_exponent
+        )
+        return float(value) if np.ndim(value) == 0 else value
 
     def _optimal_loss(self, tokens: float) -> float:
         return float(self.loss(self._optimal(tokens), tokens))
@@ -140,7 +143,7 @@ class BatchLaw:
         independent of the model size. Warns (:class:`ExtrapolationWarning`) outside the
         token range of a published law.
         """
-        return self._optimal(self._tokens(tokens))
+        return float(self._optimal(self._tokens(tokens)))
 
     def token_fraction(self, batch_tokens: Any, tokens: float) -> Any:
         """The fraction ``phi`` of ``tokens`` with which the optimal batch matches the loss
@@ -268,6 +271,15 @@ class BatchLaw:
         b = _positive_float(batch_tokens, "batch_tokens")
         steps = (self.gamma * self.C * b**self.beta / (2 * self.beta * self.B)) ** (1 / self.gamma)
         return float(b * steps)
+
+    def critical_batch_after(self, tokens: Any) -> Any:
+        """The largest batch that is not above the critical batch after ``tokens`` tokens,
+        the inverse of :meth:`critical_tokens`: what a ramp shaped by the law may use then.
+
+        It is the optimal batch for ``2^(1/gamma)`` times ``tokens`` (about 300 times, for
+        the published exponents). Broadcasts over ``tokens``.
+        """
+        return self._optimal(np.asarray(tokens, dtype=np.float64) * 2 ** (1 / self.gamma))
 
 
 # ---------------------------------------------------------------------------------------
