@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import numpy.typing as npt
@@ -10,18 +11,21 @@ import pytest
 
 import tokenbatch
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.megatron import from_step_batch_size_schedule
 from tokenbatch.scaling import (
     LAWS,
     BatchLaw,
     ExtrapolationWarning,
+    LaunchPlan,
     ThreeTermLaw,
     deepseek_llm,
     kaplan_critical_batch,
+    launch_plan,
     mccandlish_tradeoff,
     recommend,
     step_law,
 )
-from tokenbatch.schedule import LinearRamp
+from tokenbatch.schedule import ConstantLR, LinearRamp
 
 TRUE = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
 PUBLISHED = BatchLaw.published("schaipp-2026")
@@ -290,3 +294,141 @@ def test_recommend_bad_input() -> None:
         recommend(5e8, 0)
     with pytest.raises(InvalidValueError, match=r"n_params"):
         recommend(0, 10**10)
+
+
+# ---------------------------------------------------------------------------------------
+# Launch plans
+# ---------------------------------------------------------------------------------------
+
+SEVEN_B = tokenbatch.ModelSpec.preset("mistral-7b")
+
+
+def _plan_7b(**options: object) -> LaunchPlan:
+    """The plan, checking that it warns about the extrapolations it lists in its notes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = launch_plan(
+            SEVEN_B, 2 * 10**12, num_gpus=256, gpu_memory=80e9, seq_len=4096, **options
+        )
+    warned = [str(w.message) for w in caught if issubclass(w.category, ExtrapolationWarning)]
+    assert any("Schaipp (2026)" in m and "n_params=7.24e+09" in m for m in warned)
+    assert warned == [note for note in plan.notes if "outside the range" in note]
+    return plan
+
+
+def test_launch_plan_for_7b_on_2t_tokens_and_256_gpus() -> None:
+    plan = _plan_7b()
+    layout = plan.layout
+    assert layout is not None
+    assert layout.dp * layout.tp * layout.pp * layout.cp == 256
+    assert plan.micro_batch_tokens == layout.micro_batch * 4096
+    assert plan.dp == layout.dp
+    usable = 0.9 * 80e9
+    assert plan.usable_memory == pytest.approx(usable)
+    low, high = plan.near_optimal_range
+    assert low <= plan.batch_tokens <= high
+    assert plan.optimal_batch_tokens == pytest.approx(0.667 * (2e12) ** 0.566)
+    assert plan.stages[-1].batch_tokens == plan.batch_tokens
+    assert plan.stages[-1].grad_accum_steps == layout.grad_accum_steps
+    start = 0
+    for previous, stage in zip((None, *plan.stages[:-1]), plan.stages, strict=True):
+        # Each batch divides into micro-batch x DP x accumulation, exactly.
+        assert stage.batch_tokens == plan.micro_batch_tokens * plan.dp * stage.grad_accum_steps
+        assert stage.batch_sequences * 4096 == stage.batch_tokens
+        # Its memory estimate is the planner's, with this accumulation, and it fits.
+        assert stage.memory is not None
+        assert stage.memory <= usable
+        again = tokenbatch.estimate_memory(
+            SEVEN_B, seq_len=4096, **{**layout.layout(), "grad_accum_steps": stage.grad_accum_steps}
+        )
+        assert stage.memory == again.total
+        # Stages follow each other, and each starts at the first step boundary after the
+        # law's critical point for its batch.
+        assert stage.start_tokens == start
+        if previous is not None:
+            critical = plan.law.critical_tokens(stage.batch_tokens)
+            assert stage.start_tokens >= critical > stage.start_tokens - previous.batch_tokens
+        assert stage.learning_rate == pytest.approx(
+            plan.peak_lr * math.sqrt(stage.batch_tokens / plan.batch_tokens)
+        )
+        start = stage.end_tokens
+    assert plan.consumed_tokens == start
+    assert 0 <= plan.tokens - start < plan.batch_tokens
+    # The schedule is the stages, step for step, for the sampler and for Megatron.
+    table = plan.schedule.table(plan.tokens, plan.micro_batch_tokens, plan.dp)
+    assert len(table["batch_tokens"]) == plan.steps
+    expected = np.repeat([s.batch_tokens for s in plan.stages], [s.steps for s in plan.stages])
+    assert np.array_equal(table["batch_tokens"], expected)
+    assert np.array_equal(
+        table["grad_accum_steps"],
+        np.repeat([s.grad_accum_steps for s in plan.stages], [s.steps for s in plan.stages]),
+    )
+    args = plan.megatron_args()
+    text = args.split('--step-batch-size-schedule "')[1].split('"')[0]
+    megatron = from_step_batch_size_schedule(text, seq_length=4096)
+    consumed = np.concatenate([[0], table["consumed_tokens"][:-1]]) // 4096
+    assert np.array_equal(megatron.batch_at(consumed) * 4096, table["batch_tokens"])
+    assert f"--micro-batch-size {layout.micro_batch}" in args
+    rows = plan.table()
+    assert rows["steps"].sum() == plan.steps
+    assert np.all(rows["memory"] <= usable)
+    # The law's numbers are all in the notes too.
+    assert any("n_params=7.24e+09" in note for note in plan.notes)
+
+
+def test_launch_plan_explains_itself_and_scales_the_learning_rate() -> None:
+    plan = _plan_7b(peak_lr=3e-4, lr_rule="linear")
+    assert plan.peak_lr == 3e-4
+    for stage in plan.stages:
+        assert stage.learning_rate == pytest.approx(3e-4 * stage.batch_tokens / plan.batch_tokens)
+    text = plan.explanation()
+    for expected in (
+        "mistral-7b (7.24B parameters)",
+        "Schaipp (2026) three-term law",
+        f"{plan.batch_tokens:,} tokens",
+        f"dp={plan.dp}",
+        "--step-batch-size-schedule",
+        "given (tuned at the final batch)",
+        "fits in the 72.0 GB usable",
+    ):
+        assert expected in text
+    for stage in plan.stages:
+        assert f"{stage.start_tokens:,}" in text
+    rates = plan.lr_schedule(ConstantLR(3e-4)).lr_at([0, plan.tokens - 1])
+    assert rates[0] == pytest.approx(plan.stages[0].learning_rate)
+    assert rates[1] == pytest.approx(3e-4)
+
+
+def test_launch_plan_from_a_parameter_count_and_a_fitted_law() -> None:
+    law = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fitted law has no published range to warn about
+        plan = launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law=law, peak_lr=1e-3)
+    assert plan.layout is None
+    assert plan.dp == 8
+    assert plan.micro_batch_tokens == 2048
+    assert plan.law_name == "the given three-term law"
+    assert plan.optimal_batch_tokens == pytest.approx(law.optimal_batch(1e10))
+    assert all(stage.memory is None for stage in plan.stages)
+    assert plan.batch_tokens % (8 * 2048) == 0
+    assert [s.grad_accum_steps for s in plan.stages][:3] == [1, 2, 4]
+    assert "memory not checked" in plan.explanation()
+    flat = launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law=law, peak_lr=1e-3, ramp=False)
+    assert len(flat.stages) == 1
+    assert flat.stages[0].batch_tokens == plan.batch_tokens
+
+
+def test_launch_plan_refusals() -> None:
+    with pytest.raises(InvalidValueError, match="gpu_memory"):
+        launch_plan(SEVEN_B, 10**11, num_gpus=8, seq_len=4096)
+    with pytest.raises(InvalidValueError, match="less than one step"):
+        launch_plan(5e8, 10**4, num_gpus=8, seq_len=2048, law=TRUE, peak_lr=1e-3)
+    with pytest.raises(InvalidValueError, match="lr_rule"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, lr_rule="bad")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="law must be"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law=3.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="no published three-term law"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law="chinchilla")
+    big = tokenbatch.ModelSpec.preset("llama-3.1-405b")
+    with pytest.warns(ExtrapolationWarning), pytest.raises(InvalidValueError, match="no layout"):
+        launch_plan(big, 10**12, num_gpus=8, gpu_memory=16e9, seq_len=4096)

@@ -12,6 +12,10 @@
   :func:`deepseek_llm`, :func:`kaplan_critical_batch`, and McCandlish et al.'s trade-off
   :func:`mccandlish_tradeoff`; each warns with :class:`ExtrapolationWarning` outside the
   data it was fitted on.
+* :func:`launch_plan`: from a model, a token budget and a cluster to a :class:`LaunchPlan`:
+  the batch per step, a ramp shaped by the law's critical batch, the parallel layout and
+  micro-batch that fit memory, gradient accumulation and learning rate per stage, and the
+  schedule as a sampler ``schedule=`` and as Megatron-LM arguments.
 * :func:`recommend`: a batch size from Step Law or DeepSeek LLM and a rule-of-thumb ramp.
 
 Only numpy is needed: the fit is a Levenberg-Marquardt iteration on the Huber loss of
@@ -20,6 +24,7 @@ log-loss residuals (iteratively reweighted), started from several points.
 
 from __future__ import annotations
 
+from tokenbatch.scaling.launch import LaunchPlan, LaunchStage, launch_plan
 from tokenbatch.scaling.published import (
     LAWS,
     ExtrapolationWarning,
@@ -36,12 +41,15 @@ __all__ = [
     "LAWS",
     "BatchLaw",
     "ExtrapolationWarning",
+    "LaunchPlan",
+    "LaunchStage",
     "LawInfo",
     "RangeDefinition",
     "Recommendation",
     "ThreeTermLaw",
     "deepseek_llm",
     "kaplan_critical_batch",
+    "launch_plan",
     "mccandlish_tradeoff",
     "recommend",
     "step_law",
