@@ -169,6 +169,46 @@ class LaunchPlan:
             for name, values in columns.items()
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain data (JSON-ready): the decisions, the stages, the arguments."""
+        layout = None if self.layout is None else self.layout.layout()
+        return {
+            "model": self.model,
+            "n_params": self.n_params,
+            "tokens": self.tokens,
+            "num_gpus": self.num_gpus,
+            "gpu_memory": self.gpu_memory,
+            "seq_len": self.seq_len,
+            "law": self.law_name,
+            "optimal_batch_tokens": self.optimal_batch_tokens,
+            "near_optimal_range": list(self.near_optimal_range),
+            "batch_tokens": self.batch_tokens,
+            "token_fraction": self.token_fraction,
+            "layout": layout,
+            "dp": self.dp,
+            "micro_batch_tokens": self.micro_batch_tokens,
+            "max_micro_batch_tokens": self.max_micro_batch_tokens,
+            "stages": [
+                {
+                    "start_tokens": stage.start_tokens,
+                    "batch_tokens": stage.batch_tokens,
+                    "batch_sequences": stage.batch_sequences,
+                    "grad_accum_steps": stage.grad_accum_steps,
+                    "steps": stage.steps,
+                    "learning_rate": stage.learning_rate,
+                    "memory": stage.memory,
+                }
+                for stage in self.stages
+            ],
+            "steps": self.steps,
+            "consumed_tokens": self.consumed_tokens,
+            "peak_lr": self.peak_lr,
+            "lr_rule": self.lr_rule,
+            "lr_source": self.lr_source,
+            "megatron_args": self.megatron_args(),
+            "notes": list(self.notes),
+        }
+
     def explanation(self) -> str:
         """The plan as text: each decision, its numbers and where they come from."""
         return _explain(self)
