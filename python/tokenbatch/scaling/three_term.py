@@ -29,6 +29,11 @@ _positive_float = positive_float
 # ---------------------------------------------------------------------------------------
 
 
+def _check_positive(law: object, names: Sequence[str]) -> None:
+    for name in names:
+        _positive_float(getattr(law, name), name)
+
+
 def _edge(outside: Callable[[float], bool], inside: float, direction: float) -> float:
     """Where ``outside`` starts, walking from ``inside`` (log batch) in ``direction``."""
     step = 1.0
@@ -65,8 +70,7 @@ class BatchLaw:
     """The published law this one comes from (checked for extrapolation), if any."""
 
     def __post_init__(self) -> None:
-        for name in ("B", "beta", "C", "gamma"):
-            _positive_float(getattr(self, name), name)
+        _check_positive(self, ("B", "beta", "C", "gamma"))
 
     @classmethod
     def from_optimal_batch(
@@ -408,8 +412,7 @@ class ThreeTermLaw:
     """Huber objective at the fitted parameters (``None`` when not fitted)."""
 
     def __post_init__(self) -> None:
-        for name in _PARAMS:
-            _positive_float(getattr(self, name), name)
+        _check_positive(self, _PARAMS)
 
     # -- evaluation --------------------------------------------------------------------
 
