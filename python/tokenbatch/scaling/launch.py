@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
+from os import PathLike
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import numpy as np
@@ -217,7 +218,7 @@ class LaunchPlan:
         """Print :meth:`explanation` (to ``file``, default standard output)."""
         print(self.explanation(), file=sys.stdout if file is None else file)
 
-    def plot(self, *, path: str | None = None) -> Figure:
+    def plot(self, *, path: str | PathLike[str] | None = None) -> Figure:
         """The ramp, and the loss around the chosen batch: see
         :func:`tokenbatch.plot.plot_launch_plan` (needs the ``plot`` extra)."""
         from tokenbatch.plot import plot_launch_plan  # plot imports this module's types
