@@ -413,6 +413,10 @@ def test_launch_plan_from_a_parameter_count_and_a_fitted_law() -> None:
     assert plan.batch_tokens % (8 * 2048) == 0
     assert [s.grad_accum_steps for s in plan.stages][:3] == [1, 2, 4]
     assert "memory not checked" in plan.explanation()
+    # Too many GPUs for the optimum: one sequence per rank is already above the range.
+    crowded = launch_plan(5e8, 10**10, num_gpus=4096, seq_len=2048, law=law, peak_lr=1e-3)
+    assert crowded.batch_tokens == 4096 * 2048 > crowded.near_optimal_range[1]
+    assert any("outside the 5%-suboptimal range" in note for note in crowded.notes)
     flat = launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law=law, peak_lr=1e-3, ramp=False)
     assert len(flat.stages) == 1
     assert flat.stages[0].batch_tokens == plan.batch_tokens

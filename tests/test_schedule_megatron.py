@@ -259,6 +259,59 @@ def test_written_schedules_make_megatron_follow_every_sample(name: str) -> None:
     assert megatron_parse(in_samples, None) == pairs
 
 
+@st.composite
+def small_schedules(draw: st.DrawFn) -> BatchSchedule:
+    """Ramps and pieces whose every sample count can be checked (at most ~60k samples)."""
+    seq_len = draw(st.sampled_from([1, 3, 128, 2048]))
+    kind = draw(st.sampled_from(["linear", "megatron", "pieces"]))
+    if kind == "megatron":
+        start, increment = draw(st.integers(1, 300)), draw(st.integers(1, 40))
+        return MegatronRampup(
+            start,
+            increment,
+            draw(st.integers(1, 50_000)),
+            start + increment * draw(st.integers(0, 300)),
+            seq_len=seq_len,
+        )
+    if kind == "pieces":
+        count = draw(st.integers(1, 6))
+        starts = sorted(draw(st.sets(st.integers(1, 50_000 * seq_len), min_size=count - 1)))
+        batches = draw(st.lists(st.integers(1, 5000), min_size=len(starts) + 1))
+        pieces = list(zip([0, *starts], batches, strict=False))
+        return Piecewise(pieces, unit="sequences", seq_len=seq_len, allow_decrease=True)
+    multiple = draw(st.sampled_from([1, 2, 16]))
+    start = multiple * draw(st.integers(1, 200))
+    return LinearRamp(
+        start,
+        start + multiple * draw(st.integers(0, 300)),
+        draw(st.integers(1, 50_000 * seq_len)),
+        unit="sequences",
+        seq_len=seq_len,
+        by=draw(st.sampled_from(["tokens", "steps"])),
+        multiple_of=multiple,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(small_schedules(), st.sampled_from(["tokens", "samples"]))
+def test_any_schedule_written_and_read_back_agrees_at_every_sample(
+    schedule: BatchSchedule, thresholds: str
+) -> None:
+    seq_len = schedule.seq_len
+    assert seq_len is not None
+    text = to_step_batch_size_schedule(schedule, thresholds=thresholds)  # type: ignore[arg-type]
+    pairs = megatron_parse(text, seq_len if thresholds == "tokens" else None)
+    samples = np.arange(pairs[-1][0] + 3 + 50_000 // seq_len + 60_000)
+    expected = schedule.batch_tokens_at(samples * seq_len) // seq_len
+    read = from_step_batch_size_schedule(
+        text, seq_length=seq_len if thresholds == "tokens" else None
+    )
+    assert np.array_equal(read.batch_at(samples), expected)
+    assert read.pieces == pairs
+    # Canonical: no entry repeats the batch before it.
+    assert all(a[1] != b[1] for a, b in itertools.pairwise(pairs))
+
+
 def test_token_thresholds_round_up_to_whole_samples() -> None:
     # Piecewise switches at 250e9 tokens; a Megatron run only sees whole samples, the first
     # at or after it is 61,035,157 samples, which the export writes out exactly.

@@ -389,8 +389,8 @@ def launch_plan(
     final_accum = batch // round_tokens
     if not band[0] <= batch <= band[1]:
         notes.append(
-            f"the batch of {batch:,} tokens is outside the 5%-suboptimal range "
-            f"({band[0]:,.0f} to {band[1]:,.0f}): no layout makes a batch inside it"
+            f"the batch of {batch:,} tokens (whole rounds of {round_tokens:,}-token micro-batch "
+            f"x dp) is outside the 5%-suboptimal range ({band[0]:,.0f} to {band[1]:,.0f})"
         )
 
     headroom = None
