@@ -27,6 +27,7 @@ MODULES = [
     "tokenbatch.distribute",
     "tokenbatch.memory",
     "tokenbatch.schedule",
+    "tokenbatch.megatron",
     "tokenbatch.scaling",
     "tokenbatch.datasets",
     "tokenbatch.errors",
