@@ -208,3 +208,58 @@ def test_llama_logits_and_loss_on_a_padded_row_equal_each_document_alone() -> No
             loss_sum += float(alone.loss) * (len(doc) - 1)
             targets += len(doc) - 1
     assert float(packed.loss) == pytest.approx(loss_sum / targets, rel=1e-5)
+
+
+def test_seq_idx_keeps_documents_apart_in_a_hugging_face_convolution() -> None:
+    """Inkling2's dynamic short convolution (keys and values of its attention layers) reads
+    seq_idx in plain PyTorch: on a padded row it gives each document's own output."""
+    from transformers.models.inkling2.modeling_inkling2 import Inkling2DynamicShortConvolution
+
+    torch.manual_seed(0)
+    conv = Inkling2DynamicShortConvolution(
+        hidden_size=8, input_size=6, num_heads=2, conv_kernel_size=4, layer_idx=0, conv_idx=0
+    )
+    torch.nn.init.normal_(conv.static_weight)
+    batch = PackedCollator(pad_each_to_multiple_of=4, return_seq_idx=True)(
+        [[1] * n for n in (5, 2, 7, 1)]
+    )
+    n = batch["input_ids"].shape[1]
+    hidden, dynamic = torch.randn(1, n, 8), torch.randn(1, n, 6)
+    cu, cu_padded = batch["cu_seqlens"].tolist(), batch["cu_seqlens_padded"].tolist()
+    with torch.no_grad():
+        packed = conv(hidden, dynamic, seq_idx=batch["seq_idx"])
+        mixed = conv(hidden, dynamic)
+        for d in range(len(cu) - 1):
+            real = slice(cu_padded[d], cu_padded[d] + cu[d + 1] - cu[d])
+            alone = conv(hidden[:, real], dynamic[:, real])
+            torch.testing.assert_close(packed[:, real], alone)
+            if d > 0:  # without seq_idx, a document's first tokens see the previous one
+                assert not torch.allclose(mixed[:, real], alone)
+
+
+def test_mamba_hybrid_model_reads_seq_idx_but_needs_its_cuda_kernels() -> None:
+    """GraniteMoeHybrid (Mamba-2 and attention layers) passes seq_idx to its Mamba layers;
+    their PyTorch fallback cannot honour it and refuses, where the causal_conv1d and
+    mamba_ssm CUDA kernels take it. Without seq_idx the packed documents mix."""
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    torch.manual_seed(0)
+    config = GraniteMoeHybridConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, layer_types=["mamba", "attention"],
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
+        mamba_chunk_size=8, num_local_experts=0, shared_intermediate_size=32,
+    )  # fmt: skip
+    model = GraniteMoeHybridForCausalLM(config).eval()
+    docs = [torch.randint(1, 64, (n,)) for n in (6, 9, 4)]
+    batch = PackedCollator(pad_each_to_multiple_of=4, return_seq_idx=True)(
+        [{"input_ids": d} for d in docs]
+    )
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="can't keep packed sequences apart without"):
+            model(**inputs, seq_idx=batch["seq_idx"], use_cache=False)
+        mixed = model(**inputs, use_cache=False).logits[0]
+        start = batch["cu_seqlens_padded"].tolist()[1]
+        alone = model(input_ids=docs[1][None], use_cache=False).logits[0]
+    assert not torch.allclose(mixed[start : start + len(docs[1])], alone, atol=1e-4)
