@@ -8,21 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from guide_output import promised_output
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "sampler.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
-
-
-def promised_output(code: str) -> list[str]:
-    """Comment lines directly below a ``print(...)`` line show what it prints."""
-    promised: list[str] = []
-    after_print = False
-    for line in code.splitlines():
-        if after_print and line.startswith("# "):
-            promised.append(line[2:])
-            continue
-        after_print = "print(" in line
-    return promised
 
 
 def test_guide_has_examples() -> None:
