@@ -1,6 +1,9 @@
-"""What a guide's examples promise to print: the comment lines right below a print."""
+"""Guides whose examples promise their output: the comment lines right below a print."""
 
 from __future__ import annotations
+
+import contextlib
+import io
 
 
 def promised_output(code: str) -> list[str]:
@@ -13,3 +16,13 @@ def promised_output(code: str) -> list[str]:
             continue
         after_print = "print(" in line
     return promised
+
+
+def run_and_check(code: str, source: str) -> None:
+    """Run one example in a fresh namespace; fail unless it prints every promised line."""
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(compile(code, source, "exec"), {"__name__": "guide"})
+    printed = output.getvalue().splitlines()
+    for line in promised_output(code):
+        assert line in printed, f"the guide promises {line!r}, the code printed {printed}"

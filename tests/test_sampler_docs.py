@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
 import pytest
-from guide_output import promised_output
+from guide_output import promised_output, run_and_check
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "sampler.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
@@ -21,9 +19,4 @@ def test_guide_has_examples() -> None:
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_guide_example_runs(code: str) -> None:
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        exec(compile(code, str(GUIDE), "exec"), {"__name__": "guide"})
-    printed = output.getvalue().splitlines()
-    for line in promised_output(code):
-        assert line in printed, f"the guide promises {line!r}, the code printed {printed}"
+    run_and_check(code, str(GUIDE))
