@@ -46,7 +46,7 @@ def packed_layout(max_tokens: int, multiple: int, seed: int) -> tuple[list[int],
     lengths = example_lengths("lognormal", 4000, max_length=max_tokens // 2, seed=seed)
     packing = tb.pack(lengths, max_tokens, pad_to_multiple_of=multiple)
     counts = np.diff(packing.bin_offsets)
-    typical = int(np.flatnonzero(counts == int(np.median(counts)))[0])
+    typical = int(np.flatnonzero(counts == np.sort(counts)[(len(counts) - 1) // 2])[0])
     segments = slice(packing.bin_offsets[typical], packing.bin_offsets[typical + 1])
     items = [[0] * int(n) for n in packing.lengths[segments]]
     batch = PackedCollator(pad_each_to_multiple_of=multiple)(items)
