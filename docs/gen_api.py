@@ -24,6 +24,7 @@ MODULES = [
     "tokenbatch.ray",
     "tokenbatch.plot",
     "tokenbatch.torch",
+    "tokenbatch.context_parallel",
     "tokenbatch.distribute",
     "tokenbatch.memory",
     "tokenbatch.schedule",

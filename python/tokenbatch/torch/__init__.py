@@ -16,16 +16,20 @@ This package imports torch; the rest of tokenbatch does not.
 from __future__ import annotations
 
 from tokenbatch.torch.collate import PackedCollator, PaddedCollator
+from tokenbatch.torch.context_parallel import ContextParallelCollator, shard_batch, unshard
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
 from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
 from tokenbatch.torch.sync import stop_together
 
 __all__ = [
     "BatchIndices",
+    "ContextParallelCollator",
     "PackedCollator",
     "PaddedCollator",
     "SegmentDataset",
     "TokenBudgetBatchSampler",
     "sequence_lengths",
+    "shard_batch",
     "stop_together",
+    "unshard",
 ]
