@@ -10,9 +10,12 @@ import numpy.typing as npt
 
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
+    "ContextParallelShard",
     "Schedule",
     "__version__",
     "batch_padded",
+    "cp_rank_major_order",
+    "cp_shard",
     "gather_segments",
     "get_num_threads",
     "memory_fields",
@@ -55,6 +58,34 @@ _Words = (
 
 def gather_segments(values: _Words, starts: _I64, lengths: _I64) -> _Words: ...
 
+# --- context parallelism ---
+
+@final
+class ContextParallelShard:
+    """The part of a packed row that one context-parallel rank processes.
+
+    ``indices``: positions in the padded row of this rank's tokens, in its order (for each
+    document, chunk ``cp_rank`` then chunk ``2 * cp_size - 1 - cp_rank``);
+    ``cu_seqlens``: cumulative real tokens of each document on this rank;
+    ``cu_seqlens_padded``: cumulative tokens of each document on this rank
+    (``cu_seqlens_padded // cp_size`` of the whole row). Read-only int64 arrays.
+    """
+
+    @property
+    def indices(self) -> _I64:
+        """Positions in the padded row of this rank's tokens, in the rank's order."""
+    @property
+    def cu_seqlens(self) -> _I64:
+        """Cumulative count of each document's real (not padding) tokens on this rank."""
+    @property
+    def cu_seqlens_padded(self) -> _I64:
+        """Cumulative count of each document's tokens on this rank, padding included."""
+
+def cp_shard(
+    cu_seqlens: _I64, cu_seqlens_padded: _I64, cp_size: int, cp_rank: int
+) -> ContextParallelShard: ...
+def cp_rank_major_order(cu_seqlens_padded: _I64, cp_size: int) -> _I64: ...
+
 # --- schedule ---
 
 @final
@@ -89,6 +120,8 @@ class Schedule:
         seq_len: int | None,
         allow_decrease: bool,
     ) -> Schedule: ...
+    @staticmethod
+    def megatron_steps(from_samples: _I64, batches: _I64, seq_len: int | None) -> Schedule: ...
     def batch_at(self, consumed: _I64) -> _I64: ...
     def table(
         self, total_tokens: int, micro_batch_tokens: int, dp: int

@@ -5,6 +5,7 @@
 //! panicking, so the binding crate can map every failure to a precise Python exception.
 
 mod buffers;
+pub mod context_parallel;
 pub mod error;
 pub mod gather;
 pub mod memory;

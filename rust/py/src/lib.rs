@@ -5,6 +5,7 @@
 //! `tokenbatch` exception, hand the result back to numpy without copying.
 
 mod arrays;
+mod context_parallel;
 mod error;
 mod gather;
 mod memory;
@@ -17,6 +18,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    context_parallel::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
     packing::register(m)?;

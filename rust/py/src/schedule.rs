@@ -76,6 +76,23 @@ impl PySchedule {
         Ok(Self { inner })
     }
 
+    /// Megatron-LM's `--step-batch-size-schedule`, thresholds in consumed samples.
+    #[staticmethod]
+    #[pyo3(signature = (from_samples, batches, seq_len))]
+    fn megatron_steps(
+        from_samples: PyReadonlyArray1<'_, i64>,
+        batches: PyReadonlyArray1<'_, i64>,
+        seq_len: Option<i64>,
+    ) -> PyResult<Self> {
+        let inner = schedule::Schedule::megatron_steps(
+            as_slice(&from_samples)?,
+            as_slice(&batches)?,
+            seq_len,
+        )
+        .into_py_result()?;
+        Ok(Self { inner })
+    }
+
     /// Batch (in the schedule's unit) at each consumed amount.
     fn batch_at<'py>(
         &self,
