@@ -153,7 +153,7 @@ fn top<T: Copy>(mut items: Vec<T>, count: usize, order: impl Fn(&T, &T) -> Order
 /// Cut the longest segments into at least `shortfall` more pieces in all.
 ///
 /// Greedy: each cut goes to the segment whose pieces are the longest (ties: the lower
-/// segment), which is then cut with the next smaller piece size that makes more pieces.
+/// segment), which is then cut into one piece more, as evenly as the splitter allows.
 /// Returns the new segments, the bin offsets into them and the number of segments cut, or
 /// `None` when all segments together have fewer than `shortfall` tokens to spare.
 fn cut_sequences(
@@ -193,8 +193,12 @@ fn cut_sequences(
         };
         let length = lengths[j as usize] as u64;
         let count = length.div_ceil(size);
-        // The largest size that gives more than `count` pieces: size * count < length.
-        let smaller = (length - 1) / count;
+        // The piece size of `count + 1` even pieces; when the splitter's full-pieces-first
+        // cut still makes `count` pieces of that size, one token less makes more.
+        let mut smaller = length.div_ceil(count + 1);
+        if length.div_ceil(smaller) <= count {
+            smaller -= 1;
+        }
         added += length.div_ceil(smaller) - count;
         piece_size[slot] = smaller;
         if smaller >= 2 {
@@ -355,7 +359,7 @@ fn cut_bins(
 /// Positions strictly inside `1..lengths.len()` that cut a bin into `pieces` runs of about
 /// equal tokens, each holding at least one segment: piece `p` ends at the first segment
 /// where the running total reaches `p / pieces` of the bin's tokens.
-fn cut_points(lengths: &[i64], pieces: usize) -> Vec<usize> {
+pub(super) fn cut_points(lengths: &[i64], pieces: usize) -> Vec<usize> {
     let count = lengths.len();
     let mut running = Vec::with_capacity(count);
     let mut total = 0u128;
