@@ -62,11 +62,11 @@ def _members(cls: type) -> list[tuple[str, Any]]:
         if owner is None or not owner.__module__.startswith("tokenbatch"):
             continue
         value = vars(owner)[name]
-        if isinstance(value, (property, staticmethod, classmethod)) or inspect.isfunction(value):
-            members.append((name, value))
-        elif _is_compiled(owner) and (
-            isinstance(value, (types.GetSetDescriptorType, types.MethodDescriptorType))
-        ):
+        python_member = isinstance(value, (property, staticmethod, classmethod))
+        compiled_member = _is_compiled(owner) and isinstance(
+            value, (types.GetSetDescriptorType, types.MethodDescriptorType)
+        )
+        if python_member or compiled_member or inspect.isfunction(value):
             members.append((name, value))
     return members
 
