@@ -50,10 +50,16 @@ impl<'py> Arg<'py> {
     }
 }
 
-fn describe(value: &Bound<'_, PyAny>) -> String {
-    let repr = value
+/// `repr(value)`, for messages.
+pub fn repr(value: &Bound<'_, PyAny>) -> String {
+    value
         .repr()
-        .map_or_else(|_| "?".to_string(), |r| r.to_string());
+        .map_or_else(|_| "?".to_string(), |r| r.to_string())
+}
+
+/// `repr(value) (type name)`, for messages about types.
+fn describe(value: &Bound<'_, PyAny>) -> String {
+    let repr = repr(value);
     let type_name = value
         .get_type()
         .name()

@@ -7,13 +7,13 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tokenbatch_core::plan::{
-    Balance, CostKind, EpochPlan, PlanOptions, PlanStats, Planner, Run, PLAN_FORMAT,
+    CostKind, EpochPlan, PlanOptions, PlanStats, Planner, Run, PLAN_FORMAT,
 };
 use tokenbatch_core::rng;
 
 use crate::args::{self, Arg};
 use crate::arrays::{readonly_slice, readonly_view};
-use crate::error::{invalid_type, IntoPyResult};
+use crate::error::{invalid_type, invalid_value, IntoPyResult};
 use crate::packing::PyPacking;
 use crate::parallel::detach_parallel;
 
@@ -85,15 +85,18 @@ impl PyPlanner {
         let packing = packing.cast::<PyPacking>().map_err(|_| {
             invalid_type(format!(
                 "packing must be a tokenbatch.Packing, got {}",
-                packing
-                    .repr()
-                    .map_or_else(|_| "?".to_string(), |r| r.to_string())
+                args::repr(packing)
             ))
         })?;
         let balance = match balance.given() {
-            None => Some(Balance::Attention),
+            None => Some(CostKind::Attention),
             Some(value) if value.is_none() => None,
-            Some(value) => Some(args::choice(value, "balance")?),
+            Some(value) => Some(args::choice(value, "balance").map_err(|_| {
+                invalid_value(format!(
+                    "balance must be 'attention', 'tokens', 'flops' or None, got {}",
+                    args::repr(value)
+                ))
+            })?),
         };
         let options = PlanOptions {
             num_replicas: args::int(num_replicas, "num_replicas", 1)? as usize,
@@ -143,7 +146,7 @@ impl PyPlanner {
     /// The cost balanced within a step (``None``: packing order).
     #[getter]
     fn balance(&self) -> Option<&'static str> {
-        self.options().balance.map(|b| b.cost().name())
+        self.options().balance.map(CostKind::name)
     }
 
     /// Whether the remainder bins are left out.
@@ -231,7 +234,7 @@ impl PyPlanner {
             if options.shuffle { "True" } else { "False" },
             options
                 .balance
-                .map_or("None".to_string(), |b| format!("'{}'", b.cost().name()))
+                .map_or("None".to_string(), |kind| format!("'{}'", kind.name()))
         )
     }
 }

@@ -25,12 +25,11 @@ pub fn order_by_cost(
         is_dropped[bin as usize] = true;
     }
     let kept = (0..costs.len() as u32).filter(|&b| !is_dropped[b as usize]);
-    let Some(balance) = options.balance else {
+    let Some(kind) = options.balance else {
         let order: Vec<u32> = kept.collect();
         let groups = vec![0, order.len() as u32];
         return (order, groups);
     };
-    let kind = balance.cost();
     let per_attention = options.flops_per_attention();
     // One u128 per bin: the inverted cost above the index, so that increasing keys are
     // decreasing costs with ties by increasing index: a total order, whatever the sort.

@@ -11,7 +11,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
 use super::costs::{bin_costs, BinCost, CostKind};
-use super::{Balance, Bins, PlanOptions};
+use super::{Bins, PlanOptions};
 use crate::error::{Error, Result};
 use crate::packing::pieces;
 
@@ -101,7 +101,7 @@ pub fn divide(bins: &Bins, options: &PlanOptions) -> Result<Divided> {
         divided.costs = bin_costs(&divided.bin_offsets, lengths, bins.kind, multiple);
     }
     let weights: Vec<f64> = {
-        let kind = options.balance.map_or(CostKind::Tokens, Balance::cost);
+        let kind = options.balance.unwrap_or(CostKind::Tokens);
         let per_attention = options.flops_per_attention();
         divided
             .costs

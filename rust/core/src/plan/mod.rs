@@ -150,44 +150,6 @@ impl Bins {
     }
 }
 
-/// Which cost [`Planner`] evens out between the bins of one step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
-    /// Sum of squared (padded) segment lengths: what attention kernels spend time on.
-    Attention,
-    /// Tokens the linear layers process (padding included).
-    Tokens,
-    /// Tokens plus attention / (12 hidden_size): a layer's matmul and attention FLOPs in
-    /// units of one token's matmul FLOPs.
-    Flops,
-}
-
-impl Balance {
-    /// The cost this balance sorts bins by.
-    pub fn cost(self) -> CostKind {
-        match self {
-            Self::Attention => CostKind::Attention,
-            Self::Tokens => CostKind::Tokens,
-            Self::Flops => CostKind::Flops,
-        }
-    }
-}
-
-impl FromStr for Balance {
-    type Err = Error;
-
-    fn from_str(name: &str) -> Result<Self> {
-        match name {
-            "attention" => Ok(Self::Attention),
-            "tokens" => Ok(Self::Tokens),
-            "flops" => Ok(Self::Flops),
-            other => Err(Error::invalid(format!(
-                "balance must be 'attention', 'tokens', 'flops' or None, got '{other}'"
-            ))),
-        }
-    }
-}
-
 /// Options of a plan.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanOptions {
@@ -197,8 +159,9 @@ pub struct PlanOptions {
     pub seed: u64,
     /// Shuffle steps, ranks within a step and bins of equal cost every epoch.
     pub shuffle: bool,
-    /// The cost evened out within a step; `None` deals bins in packing order.
-    pub balance: Option<Balance>,
+    /// The cost evened out within a step (tokens, attention or FLOPs); `None` deals bins
+    /// in packing order.
+    pub balance: Option<CostKind>,
     /// Leave out the least-filled remainder bins instead of cutting bins.
     pub drop_last: bool,
     /// Each segment costs its length rounded up to this multiple.
@@ -215,7 +178,7 @@ impl Default for PlanOptions {
             num_replicas: 1,
             seed: 0,
             shuffle: true,
-            balance: Some(Balance::Attention),
+            balance: Some(CostKind::Attention),
             drop_last: false,
             pad_to_multiple_of: 1,
             split_sequences: false,
@@ -238,7 +201,7 @@ impl PlanOptions {
         if self.hidden_size == Some(0) {
             return Err(Error::invalid("hidden_size must be at least 1, got 0"));
         }
-        if self.balance == Some(Balance::Flops) && self.hidden_size.is_none() {
+        if self.balance == Some(CostKind::Flops) && self.hidden_size.is_none() {
             return Err(Error::invalid(
                 "balance='flops' needs hidden_size, the model's hidden size (it sets how much \
                  attention costs against the matmuls)",

@@ -158,9 +158,9 @@ fn arbitrary_options() -> impl Strategy<Value = PlanOptions> {
         any::<bool>(),
         prop_oneof![
             Just(None),
-            Just(Some(Balance::Attention)),
-            Just(Some(Balance::Tokens)),
-            Just(Some(Balance::Flops))
+            Just(Some(CostKind::Attention)),
+            Just(Some(CostKind::Tokens)),
+            Just(Some(CostKind::Flops))
         ],
         any::<bool>(),
         any::<bool>(),
@@ -417,7 +417,7 @@ fn rest_keeps_the_bins_not_yet_run() {
 fn bad_options_are_refused() {
     let bins = bins_of(&[1, 2, 3], 8, "error", "bfd", 1, false);
     let flops = PlanOptions {
-        balance: Some(Balance::Flops),
+        balance: Some(CostKind::Flops),
         hidden_size: None,
         ..options(1)
     };
