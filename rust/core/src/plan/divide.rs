@@ -109,8 +109,12 @@ pub fn divide(bins: &Bins, options: &PlanOptions) -> Result<Divided> {
             .map(|cost| cost.of(kind, per_attention))
             .collect()
     };
-    divided.bin_offsets = cut_bins(&divided.bin_offsets, lengths, &weights, needed, ranks)?;
-    divided.costs = bin_costs(&divided.bin_offsets, lengths, bins.kind, multiple);
+    let cuts = cut_bins(&divided.bin_offsets, lengths, &weights, needed, ranks)?;
+    let (offsets, costs) = apply_cuts(&divided.bin_offsets, &divided.costs, &cuts, |pieces| {
+        bin_costs(pieces, lengths, bins.kind, multiple)
+    });
+    divided.bin_offsets = offsets;
+    divided.costs = costs;
     divided.report.split_bins = needed as u64;
     Ok(divided)
 }
@@ -288,14 +292,14 @@ impl Ord for Share {
 /// Greedy: each new bin goes to the bin whose pieces are currently the costliest (by
 /// `weights`); a bin is cut into runs of about equal tokens, each holding at least one
 /// segment. That bin is always one of the `needed` costliest bins that can be cut, so only
-/// those are considered.
+/// those are considered. Returns the offsets to insert into each cut bin, by bin.
 fn cut_bins(
     offsets: &[i64],
     lengths: &[i64],
     weights: &[f64],
     needed: usize,
     ranks: usize,
-) -> Result<Vec<i64>> {
+) -> Result<Vec<(u32, Vec<i64>)>> {
     let n_bins = weights.len();
     let capacity = cut_capacity(offsets);
     if capacity < needed as u64 {
@@ -340,20 +344,48 @@ fn cut_bins(
     pieces_of.extend(heap.into_iter().map(|share| (share.bin, share.pieces)));
     pieces_of.retain(|&(_, pieces)| pieces > 1);
     pieces_of.sort_unstable();
-
-    let mut new_offsets = Vec::with_capacity(offsets.len() + needed);
-    let mut next = pieces_of.iter().peekable();
-    for bin in 0..n_bins {
-        let lo = offsets[bin];
-        new_offsets.push(lo);
-        if let Some(&(_, pieces)) = next.next_if(|&&(b, _)| b as usize == bin) {
-            let hi = offsets[bin + 1];
+    Ok(pieces_of
+        .into_iter()
+        .map(|(bin, pieces)| {
+            let (lo, hi) = (offsets[bin as usize], offsets[bin as usize + 1]);
             let cuts = cut_points(&lengths[lo as usize..hi as usize], pieces as usize);
-            new_offsets.extend(cuts.into_iter().map(|cut| lo + cut as i64));
+            (bin, cuts.into_iter().map(|cut| lo + cut as i64).collect())
+        })
+        .collect())
+}
+
+/// The offsets and costs of the bins after cutting bin `b` at the offsets `cuts[b]`
+/// (`cuts` sorted by bin); `costs_of` gives the costs of the pieces from their offsets.
+/// Bins not cut keep their costs.
+fn apply_cuts(
+    offsets: &[i64],
+    costs: &[BinCost],
+    cuts: &[(u32, Vec<i64>)],
+    costs_of: impl Fn(&[i64]) -> Vec<BinCost>,
+) -> (Vec<i64>, Vec<BinCost>) {
+    let added: usize = cuts.iter().map(|(_, at)| at.len()).sum();
+    let mut new_offsets = Vec::with_capacity(offsets.len() + added);
+    let mut new_costs = Vec::with_capacity(costs.len() + added);
+    let mut next = cuts.iter().peekable();
+    for (bin, &cost) in costs.iter().enumerate() {
+        let lo = offsets[bin];
+        match next.next_if(|(b, _)| *b as usize == bin) {
+            Some((_, at)) => {
+                let mut pieces = Vec::with_capacity(at.len() + 2);
+                pieces.push(lo);
+                pieces.extend_from_slice(at);
+                pieces.push(offsets[bin + 1]);
+                new_offsets.extend_from_slice(&pieces[..pieces.len() - 1]);
+                new_costs.extend(costs_of(&pieces));
+            }
+            None => {
+                new_offsets.push(lo);
+                new_costs.push(cost);
+            }
         }
     }
     new_offsets.push(offsets.last().copied().unwrap_or(0));
-    Ok(new_offsets)
+    (new_offsets, new_costs)
 }
 
 /// Positions strictly inside `1..lengths.len()` that cut a bin into `pieces` runs of about
