@@ -11,6 +11,7 @@ pub mod gather;
 pub mod memory;
 pub mod packing;
 pub mod parallel;
+pub mod plan;
 pub mod rng;
 pub mod schedule;
 

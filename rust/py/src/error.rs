@@ -15,15 +15,30 @@ pub fn to_py_err(error: Error) -> PyErr {
         Error::Oversize { .. } => "OversizeError",
         Error::Overflow(_) => "TokenBatchOverflowError",
     };
+    raise(class_name, error.to_string())
+}
+
+/// A `tokenbatch.errors.InvalidTypeError` (the core has no type errors: its inputs are typed).
+pub fn invalid_type(message: impl Into<String>) -> PyErr {
+    raise("InvalidTypeError", message.into())
+}
+
+/// A `tokenbatch.errors.InvalidValueError`.
+pub fn invalid_value(message: impl Into<String>) -> PyErr {
+    to_py_err(Error::invalid(message))
+}
+
+/// An instance of the exception class `class_name` of `tokenbatch.errors`.
+fn raise(class_name: &str, message: String) -> PyErr {
     Python::attach(|py| {
         let raised = py
             .import("tokenbatch.errors")
             .and_then(|module| module.getattr(class_name))
-            .and_then(|class| class.call1((error.to_string(),)));
+            .and_then(|class| class.call1((message.as_str(),)));
         match raised {
             Ok(exception) => PyErr::from_value(exception),
             Err(import_failure) => {
-                let err = PyRuntimeError::new_err(error.to_string());
+                let err = PyRuntimeError::new_err(message);
                 err.set_cause(py, Some(import_failure));
                 err
             }

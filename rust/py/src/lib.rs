@@ -4,6 +4,7 @@
 //! as a slice, release the GIL while the core works, map its error to the matching
 //! `tokenbatch` exception, hand the result back to numpy without copying.
 
+mod args;
 mod arrays;
 mod context_parallel;
 mod error;
@@ -11,6 +12,7 @@ mod gather;
 mod memory;
 mod packing;
 mod parallel;
+mod plan;
 mod schedule;
 
 use pyo3::prelude::*;
@@ -23,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     memory::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
+    plan::register(m)?;
     schedule::register(m)?;
     Ok(())
 }
