@@ -212,14 +212,17 @@ def test_accelerate_loop_uses_each_document_once_with_equal_steps(accelerate_loo
     assert all(len(records) == 2 * n for records in accelerate_loop["accelerate"].values())
 
 
-def test_plain_accelerate_prepare_shards_the_sampler_again(accelerate_loop: Logs) -> None:
-    # Why prepare_data_loader exists: accelerator.prepare keeps every other batch of each
-    # rank's already distributed micro-batches, and about half the data is never seen.
-    n = len(sampler_of_the_runs())
+def test_plain_accelerate_prepare_is_refused_before_any_batch(accelerate_loop: Logs) -> None:
+    # accelerator.prepare would keep every other batch of each rank's already distributed
+    # micro-batches (about half the data never seen): every rank refuses at the first
+    # batch, naming the supported way.
     plain = accelerate_loop["plain"]
-    assert all(len(records) == -(-n // 2) for records in plain.values())
-    seen = {d for records in plain.values() for r in records for d in r["docs"]}
-    assert len(seen) < 0.6 * run_support.N_DOCS
+    assert sorted(plain) == [0, 1]
+    for records in plain.values():
+        assert len(records) == 1
+        assert "docs" not in records[0]
+        assert "prepare_data_loader(accelerator, loader)" in records[0]["error"]
+        assert "over 2 processes" in records[0]["error"]
 
 
 # -- torchdata StatefulDataLoader, and the gradients of a normalized step -----------------

@@ -3,7 +3,8 @@
 2 epochs of optimizer steps of 2 micro-batches, the loader prepared with
 ``tokenbatch.integrations.accelerate.prepare_data_loader`` and every micro-batch logged
 (``accelerate.rank<r>.jsonl``). For comparison, the same loader passed to plain
-``accelerator.prepare`` is iterated once without training (``plain.rank<r>.jsonl``).
+``accelerator.prepare`` is iterated once, which the sampler refuses (``plain.rank<r>.jsonl``
+holds the error).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from run_support import (
 )
 from torch.utils.data import DataLoader
 
+from tokenbatch.errors import InvalidValueError
 from tokenbatch.integrations.accelerate import prepare_data_loader
 from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler, optimizer_steps
 
@@ -36,8 +38,11 @@ def main() -> None:
     loader = DataLoader(documents(), batch_sampler=sampler, collate_fn=PackedCollator())
 
     plain = Log(out, "plain")
-    for batch in accelerator.prepare(loader):  # what the docs warn about: sharded twice
-        plain.write(epoch=0, docs=decode(batch))
+    try:
+        for batch in accelerator.prepare(loader):  # sharded twice: refused
+            plain.write(epoch=0, docs=decode(batch))
+    except InvalidValueError as error:
+        plain.write(epoch=0, error=str(error))
 
     model = tiny_llama()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
