@@ -14,9 +14,13 @@ use super::segments::Segments;
 use crate::buffers::{with_capacity_huge, zeroed_vec};
 use crate::rng::{mix_seed, SplitMix64};
 
-/// Budgets up to this size are sorted by counting (one pass, a histogram of this many
-/// counters); larger ones fall back to a comparison sort.
-const COUNTING_SORT_MAX_KEYS: u64 = 1 << 22;
+/// The decreasing-cost order is found by counting (one pass and a histogram with a
+/// counter per sort key) while the keys are at most this many per segment...
+const COUNTING_SORT_KEYS_PER_SEGMENT: u64 = 4;
+
+/// ... or at most this many in all; beyond, a comparison sort keeps the order's memory and
+/// time proportional to the input instead of the budget.
+const COUNTING_SORT_SMALL_KEYS: u64 = 1 << 14;
 
 /// How segments are offered to the bins.
 pub enum OfferOrder {
@@ -71,16 +75,24 @@ fn sort_key(length: u32, k: u64) -> usize {
 }
 
 impl OfferOrder {
-    /// Decreasing cost, ties by increasing id (a stable, unique order).
+    /// Decreasing cost, ties by increasing id (a unique order), by counting or by
+    /// comparison, whichever suits the input's size; both give the same order.
     pub fn decreasing_cost(segments: &Segments, options: &PackOptions) -> Self {
-        let capacity = options.capacity();
-        let k = options.pad_to_multiple_of;
-        if capacity > COUNTING_SORT_MAX_KEYS.max(segments.len() as u64) {
-            let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
-            ids.sort_by_key(|&id| std::cmp::Reverse(segments.lengths[id as usize]));
-            return Self::Permutation(ids);
+        let keys = options.capacity() / options.pad_to_multiple_of + 1;
+        let counting_limit = (segments.len() as u64)
+            .saturating_mul(COUNTING_SORT_KEYS_PER_SEGMENT)
+            .max(COUNTING_SORT_SMALL_KEYS);
+        if keys <= counting_limit {
+            Self::decreasing_cost_by_counting(segments, options)
+        } else {
+            Self::decreasing_cost_by_comparison(segments, options)
         }
-        let mut counts = vec![0u32; (capacity / k) as usize + 1];
+    }
+
+    /// [`decreasing_cost`](Self::decreasing_cost) by a counting sort over the sort keys.
+    pub fn decreasing_cost_by_counting(segments: &Segments, options: &PackOptions) -> Self {
+        let k = options.pad_to_multiple_of;
+        let mut counts = vec![0u32; (options.capacity() / k) as usize + 1];
         for &length in &segments.lengths {
             counts[sort_key(length, k)] += 1;
         }
@@ -98,6 +110,19 @@ impl OfferOrder {
             first_position,
             runs,
         }
+    }
+
+    /// [`decreasing_cost`](Self::decreasing_cost) by a comparison sort of the segment ids.
+    pub fn decreasing_cost_by_comparison(segments: &Segments, options: &PackOptions) -> Self {
+        let k = options.pad_to_multiple_of;
+        let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
+        ids.sort_unstable_by_key(|&id| {
+            (
+                std::cmp::Reverse(sort_key(segments.lengths[id as usize], k)),
+                id,
+            )
+        });
+        Self::Permutation(ids)
     }
 
     /// A random order that depends only on `seed`.
@@ -137,7 +162,8 @@ impl OfferOrder {
         if let Self::ByCost { runs, .. } = self {
             match options.algorithm {
                 Algorithm::BestFitDecreasing => {
-                    return assign::best_fit_runs(runs, segments.len(), options)
+                    let index = assign::best_fit_index(segments.len(), options);
+                    return assign::best_fit_runs(index, runs, segments.len(), options);
                 }
                 Algorithm::FirstFitDecreasing => {
                     return assign::first_fit_runs(runs, segments.len(), options)
