@@ -11,6 +11,7 @@ mod memory;
 mod packing;
 mod parallel;
 mod schedule;
+mod stream;
 
 use pyo3::prelude::*;
 
@@ -22,5 +23,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     packing::register(m)?;
     parallel::register(m)?;
     schedule::register(m)?;
+    stream::register(m)?;
     Ok(())
 }

@@ -143,6 +143,108 @@ impl Scan {
     }
 }
 
+/// What the oversize policy made of one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// It fits: one segment, the whole sequence.
+    Whole,
+    /// Cut to the capacity; `removed` tokens left out.
+    Truncated { removed: u64 },
+    /// Cut into `pieces` segments of at most the capacity.
+    Split { pieces: u64 },
+    /// Left out.
+    Dropped,
+}
+
+impl Fate {
+    /// Segments the sequence became.
+    pub fn segments(self) -> u64 {
+        match self {
+            Fate::Whole | Fate::Truncated { .. } => 1,
+            Fate::Split { pieces } => pieces,
+            Fate::Dropped => 0,
+        }
+    }
+}
+
+impl PolicyCounts {
+    /// Count what the policy did to one sequence of `length` tokens.
+    pub fn record(&mut self, fate: Fate, length: u64) {
+        match fate {
+            Fate::Whole => {}
+            Fate::Truncated { removed } => {
+                self.truncated_seqs += 1;
+                self.truncated_tokens += removed;
+            }
+            Fate::Split { pieces } => {
+                self.split_seqs += 1;
+                self.split_pieces += pieces;
+            }
+            Fate::Dropped => {
+                self.dropped_seqs += 1;
+                self.dropped_tokens += length;
+            }
+        }
+    }
+}
+
+/// Apply the oversize policy to sequence `index` of `length` tokens: hand each segment it
+/// becomes to `emit(start, length)`, in token order, and say what happened. This is the
+/// one place that splits, truncates, drops or refuses a sequence: packing and the stream
+/// packer both go through it.
+pub fn place_sequence(
+    index: usize,
+    length: u64,
+    options: &PackOptions,
+    mut emit: impl FnMut(u64, u64),
+) -> Result<Fate> {
+    let capacity = options.capacity();
+    if length <= capacity {
+        emit(0, length);
+        return Ok(Fate::Whole);
+    }
+    match options.oversize {
+        Oversize::Error => Err(oversize_error(index, length as i64, options)),
+        Oversize::Truncate => {
+            emit(0, capacity);
+            Ok(Fate::Truncated {
+                removed: length - capacity,
+            })
+        }
+        Oversize::Split => {
+            let mut start = 0;
+            let mut pieces = 0;
+            while start < length {
+                let piece = (length - start).min(capacity);
+                emit(start, piece);
+                start += piece;
+                pieces += 1;
+            }
+            Ok(Fate::Split { pieces })
+        }
+        Oversize::Drop => Ok(Fate::Dropped),
+    }
+}
+
+/// The error for sequence `index` of `length` tokens under `oversize="error"`.
+fn oversize_error(index: usize, length: i64, options: &PackOptions) -> Error {
+    let capacity = options.capacity();
+    let detail = if capacity < options.max_tokens {
+        format!(
+            " (at most {capacity} with pad_to_multiple_of={})",
+            options.pad_to_multiple_of
+        )
+    } else {
+        String::new()
+    };
+    Error::Oversize {
+        index,
+        length,
+        max_tokens: options.max_tokens,
+        detail,
+    }
+}
+
 /// Validate `lengths` and apply the oversize policy.
 pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segments> {
     if lengths.len() >= u32::MAX as usize {
@@ -169,20 +271,7 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
             )));
         }
         (_, Some(index)) => {
-            let detail = if capacity < options.max_tokens {
-                format!(
-                    " (at most {capacity} with pad_to_multiple_of={})",
-                    options.pad_to_multiple_of
-                )
-            } else {
-                String::new()
-            };
-            return Err(Error::Oversize {
-                index,
-                length: lengths[index].to_i64(),
-                max_tokens: options.max_tokens,
-                detail,
-            });
+            return Err(oversize_error(index, lengths[index].to_i64(), options));
         }
         _ => {}
     }
@@ -239,29 +328,17 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
     } else {
         0
     });
+    let split = options.oversize == Oversize::Split;
     for (index, &value) in lengths.iter().enumerate() {
         let length = value.to_i64() as u64;
-        if length <= capacity {
-            seg_lengths.push(length as u32);
+        let fate = place_sequence(index, length, options, |start, piece| {
+            seg_lengths.push(piece as u32);
             seg_sequence.push(index as u32);
-            if options.oversize == Oversize::Split {
-                seg_starts.push(0);
-            }
-        } else if options.oversize == Oversize::Drop {
-            counts.dropped_seqs += 1;
-            counts.dropped_tokens += length;
-        } else {
-            counts.split_seqs += 1;
-            let mut start = 0;
-            while start < length {
-                let piece = (length - start).min(capacity);
-                seg_lengths.push(piece as u32);
-                seg_sequence.push(index as u32);
+            if split {
                 seg_starts.push(start);
-                counts.split_pieces += 1;
-                start += piece;
             }
-        }
+        })?;
+        counts.record(fate, length);
     }
     Ok(Segments {
         lengths: seg_lengths,
