@@ -7,36 +7,27 @@ repacked with the next items. Memory is independent of the stream length, and wi
 buffer of a few thousand sequences the fill is within a fraction of a percent of packing
 the whole stream at once.
 
-:class:`StreamingDataset` is the ``torch.utils.data.IterableDataset`` around it: it
-shards the stream by data-parallel rank and DataLoader worker (sequence ``p`` belongs to
-shard ``p mod n_shards``), collates every bin, and resumes from a small state dict.
+:class:`tokenbatch.torch.StreamingDataset` is the ``torch.utils.data.IterableDataset``
+around it: it shards the stream by data-parallel rank and DataLoader worker, collates
+every bin, and resumes from a small state dict. This module does not import torch.
 
-Both are deterministic: the same stream, options and seed give the same bins.
+The packer is deterministic: the same stream, options and seed give the same bins.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from tokenbatch import _core
-from tokenbatch._convert import (
-    as_choice,
-    as_int,
-    as_seed,
-    check_same_config,
-    check_state_format,
-    replicas_and_rank,
-)
+from tokenbatch._convert import as_choice, as_int, as_seed, check_same_config, check_state_format
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
 
-if TYPE_CHECKING:
-    from torch.utils.data import IterableDataset
-
-__all__ = ["StreamPacker", "StreamingDataset"]
+__all__ = ["StreamPacker"]
 
 #: A piece of a stream item: ``(position, start, length)``, tokens ``start:start + length``
 #: of the item at ``position`` in the stream (counted from 0 over the whole stream).
@@ -45,9 +36,6 @@ StreamSegment = tuple[int, int, int]
 _STATE_KIND = "tokenbatch.StreamPacker"
 #: The state format: the version is that of the core's buffer policy and shuffle.
 _STATE_FORMAT = f"{_STATE_KIND}/{_core.StreamBuffer.STATE_VERSION}"
-#: Version 2: bins come from the version 2 packer (a count of consumed bins saved under
-#: version 1 would skip other bins).
-_DATASET_STATE_FORMAT = f"tokenbatch.StreamingDataset/{_core.StreamBuffer.STATE_VERSION}"
 
 
 class StreamPacker:
@@ -331,209 +319,20 @@ class StreamPacker:
         )
 
 
-class _StreamingDatasetImpl:
-    """Everything of :class:`StreamingDataset` except its torch base class, so that this
-    module imports without torch (the class itself is created on first use)."""
-
-    def __init__(
-        self,
-        source: Iterable[Any],
-        max_tokens: int,
-        *,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        buffer_size: int = 4096,
-        algorithm: Algorithm = "bfd",
-        max_seqs: int | None = None,
-        oversize: OversizePolicy = "split",
-        key: str = "input_ids",
-        token_keys: Sequence[str] | None = None,
-        length_fn: Callable[[Any], int] | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-    ) -> None:
-        self.num_replicas, self.rank = replicas_and_rank(num_replicas, rank)
-        self.collate_fn = collate_fn
-        self._options: dict[str, Any] = {
-            "buffer_size": buffer_size,
-            "algorithm": algorithm,
-            "max_seqs": max_seqs,
-            "oversize": oversize,
-            "key": key,
-            "token_keys": token_keys,
-            "length_fn": length_fn,
-            "shuffle": shuffle,
-            "seed": seed,
-        }
-        self.source = source
-        self.max_tokens = max_tokens
-        # Validate every option now, in the main process, not in a loader worker.
-        self._packer(self.num_replicas, self.rank)
-        self._resume: Mapping[str, Any] | None = None
-        self._live: StreamPacker | None = None  # the packer iterated in this process
-
-    def _packer(self, num_shards: int, shard: int) -> StreamPacker:
-        return StreamPacker(
-            self.source, self.max_tokens, num_shards=num_shards, shard=shard, **self._options
-        )
-
-    def __iter__(self) -> Iterator[Any]:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
-        skip = 0
-        role = worker  # which shard this worker reads
-        resume, self._resume = self._resume, None
-        if resume is not None:
-            saved_workers = max(1, resume["num_workers"])
-            if saved_workers != workers:
-                raise InvalidValueError(
-                    f"the state was saved with num_workers={resume['num_workers']}; resume "
-                    f"with the same number of DataLoader workers (this loader: "
-                    f"{0 if info is None else workers})"
-                )
-            if resume.get("packer") is None:
-                # The loader takes batches from workers 0, 1, ... in turn, so the next batch
-                # of the interrupted run came from worker ``consumed % workers``: that shard
-                # goes to worker 0 now, the next one to worker 1, and so on.
-                consumed = resume["consumed_batches"]
-                role = (worker + consumed) % workers
-                skip = (consumed - role + workers - 1) // workers
-        # Shard ``role * num_replicas + rank``: item ``p`` goes to rank ``p % num_replicas``
-        # whatever the number of workers.
-        packer = self._packer(self.num_replicas * workers, role * self.num_replicas + self.rank)
-        if resume is not None and resume.get("packer") is not None:
-            packer.load_state_dict(resume["packer"])
-        self._live = packer if info is None else None
-        collate = self.collate_fn
-        for bin_ in packer:
-            if skip:
-                skip -= 1
-                continue
-            yield bin_ if collate is None else collate(bin_)
-
-    def state_dict(
-        self, consumed_batches: int | None = None, *, num_workers: int = 0
-    ) -> dict[str, Any]:
-        """The position of this rank's stream, to resume with :meth:`load_state_dict`.
-
-        Args:
-            consumed_batches: batches this rank's training loop has taken from the stream
-                in total (counting those before an earlier resume); needed with DataLoader
-                workers (``num_workers > 0``), which run ahead of the loop.
-            num_workers: the DataLoader's ``num_workers``.
-
-        With ``num_workers=0`` the state is exact and small: the packer's position and
-        the positions of its buffered items (see :meth:`StreamPacker.state_dict`). With
-        workers, it is the count of consumed batches: on resume each worker repacks its
-        shard from the start and skips the bins it had delivered (the loader takes
-        batches from its workers in turn, so this is exact while no worker's shard has run
-        out).
-        """
-        workers = as_int(num_workers, "num_workers", minimum=0)
-        state: dict[str, Any] = {
-            "format": _DATASET_STATE_FORMAT,
-            "num_replicas": self.num_replicas,
-            "rank": self.rank,
-            "num_workers": workers,
-            "consumed_batches": None,
-            "packer": None,
-        }
-        if workers == 0:
-            live = self._live
-            if live is None:
-                raise InvalidValueError(
-                    "this dataset was not iterated in this process; with DataLoader workers "
-                    "pass num_workers= and consumed_batches="
-                )
-            if consumed_batches is not None and consumed_batches != live.yielded_bins:
-                raise InvalidValueError(
-                    f"consumed_batches={consumed_batches} but {live.yielded_bins} batches were "
-                    "yielded; without workers the state is the position after the last batch"
-                )
-            state["consumed_batches"] = live.yielded_bins
-            state["packer"] = live.state_dict()
-            return state
-        if consumed_batches is None:
-            raise InvalidValueError("with DataLoader workers, pass consumed_batches=")
-        state["consumed_batches"] = as_int(consumed_batches, "consumed_batches", minimum=0)
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration continues after the last
-        consumed batch.
-
-        Raises:
-            InvalidValueError: the state belongs to another rank layout or is malformed.
-        """
-        if not isinstance(state, Mapping):
-            raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
-        check_state_format(state.get("format"), _DATASET_STATE_FORMAT, "StreamingDataset")
-        for name in ("num_replicas", "rank"):
-            if state.get(name) != getattr(self, name):
-                raise InvalidValueError(
-                    f"state was saved with {name}={state.get(name)!r}, "
-                    f"this dataset has {name}={getattr(self, name)!r}"
-                )
-        as_int(state.get("num_workers"), "state['num_workers']", minimum=0)
-        if state.get("packer") is not None:
-            # Check it against this configuration now rather than in a worker.
-            self._packer(self.num_replicas, self.rank).load_state_dict(state["packer"])
-        else:
-            as_int(state.get("consumed_batches"), "state['consumed_batches']", minimum=0)
-        self._resume = dict(state)
-
-
-if TYPE_CHECKING:
-
-    class StreamingDataset(_StreamingDatasetImpl, IterableDataset[Any]):
-        """See :class:`_StreamingDatasetImpl`."""
-
-
-_dataset_class: type[Any] | None = None
-
-
 def __getattr__(name: str) -> Any:
-    """Create :class:`StreamingDataset` (a ``torch.utils.data.IterableDataset``) on first
-    use, so that importing this module does not import torch."""
-    global _dataset_class
-    if name != "StreamingDataset":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if _dataset_class is None:
-        from torch.utils.data import IterableDataset
-
-        _dataset_class = type(
-            "StreamingDataset",
-            (_StreamingDatasetImpl, IterableDataset),
-            {"__module__": __name__, "__doc__": _STREAMING_DATASET_DOC},
+    """The old home of :class:`tokenbatch.torch.StreamingDataset`: the name still works,
+    with a ``DeprecationWarning``, and imports torch only when used."""
+    if name == "StreamingDataset":
+        warnings.warn(
+            "tokenbatch.stream.StreamingDataset moved to tokenbatch.torch: use "
+            "'from tokenbatch.torch import StreamingDataset'; the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
         )
-    return _dataset_class
+        from tokenbatch.torch.streaming import StreamingDataset
 
-
-_STREAMING_DATASET_DOC = """A ``torch.utils.data.IterableDataset`` that packs a stream with
-:class:`StreamPacker` and yields one collated bin per iteration step.
-
-Use it with ``DataLoader(dataset, batch_size=None, num_workers=...)``: each bin is already
-a micro-batch. The stream is sharded by data-parallel rank and DataLoader worker: shard
-``worker * num_replicas + rank`` of ``num_replicas * num_workers`` reads the items at
-positions ``p`` with ``p % n_shards == shard`` (so rank ``r`` gets the items with
-``p % num_replicas == r``); no item is read by two shards and none is skipped.
-``num_replicas`` and ``rank`` default to the initialized process group.
-
-Args:
-    source, max_tokens: as for :class:`StreamPacker` (an indexable source lets each shard
-        read only its own items).
-    collate_fn: applied to each bin's list of items in the worker (for example
-        :class:`tokenbatch.torch.PackedCollator`); ``None`` yields the lists.
-    num_replicas, rank: data-parallel layout.
-    Other arguments: those of :class:`StreamPacker`.
-
-Shards hold different numbers of bins, since the stream's length is unknown: train for a
-fixed number of steps, or iterate through :func:`tokenbatch.torch.stop_together` so that
-all ranks stop when one runs out.
-"""
+        return StreamingDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _indexable(source: object) -> bool:

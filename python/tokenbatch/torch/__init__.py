@@ -1,5 +1,6 @@
-"""PyTorch integration: a token-budget batch sampler for distributed training and the
-collators that turn its batches into padding-free or padded tensors.
+"""PyTorch integration: a token-budget batch sampler for distributed training, the
+collators that turn its batches into padding-free or padded tensors, and a streaming
+dataset that packs a stream of unknown length.
 
 ::
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 from tokenbatch.torch.collate import PackedCollator, PaddedCollator
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
 from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
+from tokenbatch.torch.streaming import StreamingDataset
 from tokenbatch.torch.sync import stop_together
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "PackedCollator",
     "PaddedCollator",
     "SegmentDataset",
+    "StreamingDataset",
     "TokenBudgetBatchSampler",
     "sequence_lengths",
     "stop_together",
