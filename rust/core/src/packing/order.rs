@@ -24,12 +24,14 @@ const COUNTING_SORT_SMALL_KEYS: u64 = 1 << 14;
 
 /// How segments are offered to the bins.
 pub enum OfferOrder {
-    /// Decreasing cost, ties by increasing id. Segments with sort key `key` (cost / k)
-    /// occupy offer positions `first_position[key]..`; `runs` lists `(cost, count)` in
-    /// offer order.
+    /// Decreasing cost, ties by increasing id. `runs` lists `(cost, count)` in offer
+    /// order. The segments are cut into chunks of `chunk_len` ids; `chunk_starts[c][key]`
+    /// is the offer position of the first segment of chunk `c` with sort key `key`
+    /// (cost / k): the segments of one key occupy consecutive positions in id order.
     ByCost {
-        first_position: Vec<u32>,
         runs: Vec<(u64, u32)>,
+        chunk_len: usize,
+        chunk_starts: Vec<Vec<u32>>,
     },
     /// `ids[p]` is offered at position `p`.
     Permutation(Vec<u32>),
@@ -89,26 +91,58 @@ impl OfferOrder {
         }
     }
 
-    /// [`decreasing_cost`](Self::decreasing_cost) by a counting sort over the sort keys.
+    /// [`decreasing_cost`](Self::decreasing_cost) by a counting sort over the sort keys:
+    /// one histogram per chunk of segments, counted in parallel, which also tell where
+    /// each chunk's segments of each key are offered (for [`bins_by_segment`]).
+    ///
+    /// [`bins_by_segment`]: Self::bins_by_segment
     pub fn decreasing_cost_by_counting(segments: &Segments, options: &PackOptions) -> Self {
         let k = options.pad_to_multiple_of;
-        let mut counts = vec![0u32; (options.capacity() / k) as usize + 1];
-        for &length in &segments.lengths {
-            counts[sort_key(length, k)] += 1;
-        }
-        let mut first_position = vec![0u32; counts.len()];
+        let keys = (options.capacity() / k) as usize + 1;
+        let n = segments.len();
+        // One chunk per thread, if the histograms stay small; else one chunk.
+        let chunk_len = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
+        let chunk_len = if n.div_ceil(chunk_len) * keys <= 1 << 22 {
+            chunk_len
+        } else {
+            n.max(1)
+        };
+        let histograms: Vec<Vec<u32>> = segments
+            .lengths
+            .par_chunks(chunk_len)
+            .map(|lengths| {
+                let mut counts = vec![0u32; keys];
+                for &length in lengths {
+                    counts[sort_key(length, k)] += 1;
+                }
+                counts
+            })
+            .collect();
         let mut runs = Vec::new();
+        let mut next = vec![0u32; keys];
         let mut offset = 0u32;
-        for key in (0..counts.len()).rev() {
-            first_position[key] = offset;
-            if counts[key] > 0 {
-                runs.push((key as u64 * k, counts[key]));
-                offset += counts[key];
+        for key in (0..keys).rev() {
+            next[key] = offset;
+            let count: u32 = histograms.iter().map(|counts| counts[key]).sum();
+            if count > 0 {
+                runs.push((key as u64 * k, count));
+                offset += count;
             }
         }
+        let mut chunk_starts = Vec::with_capacity(histograms.len().max(1));
+        for counts in &histograms {
+            chunk_starts.push(next.clone());
+            for (position, count) in next.iter_mut().zip(counts) {
+                *position += count;
+            }
+        }
+        if chunk_starts.is_empty() {
+            chunk_starts.push(next);
+        }
         Self::ByCost {
-            first_position,
             runs,
+            chunk_len,
+            chunk_starts,
         }
     }
 
@@ -204,52 +238,22 @@ impl OfferOrder {
                 by_segment
             }
             // Segments of one sort key occupy consecutive offer positions in id order, so
-            // a running position per key walks `bin_of` as a few thousand forward streams.
-            // Chunks of segments run in parallel, each starting its streams where the
-            // previous chunks' keys end (from per-chunk key histograms).
-            Self::ByCost { first_position, .. } => {
+            // a running position per key walks `bin_of` as a few thousand forward streams;
+            // chunks of segments run in parallel, each from its own starting positions.
+            Self::ByCost {
+                chunk_len,
+                chunk_starts,
+                ..
+            } => {
                 let k = options.pad_to_multiple_of;
-                let n = segments.len();
-                let chunk = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
-                let chunks: Vec<&[u32]> = segments.lengths.chunks(chunk).collect();
-                let histograms: Vec<Vec<u32>> = if chunks.len() * first_position.len() <= 1 << 22 {
-                    chunks
-                        .par_iter()
-                        .map(|lengths| {
-                            let mut counts = vec![0u32; first_position.len()];
-                            for &length in *lengths {
-                                counts[sort_key(length, k)] += 1;
-                            }
-                            counts
-                        })
-                        .collect()
-                } else {
-                    Vec::new() // too many keys to keep per chunk: one sequential stream
-                };
-                let mut by_segment = zeroed_vec!(u32, n);
-                if histograms.len() != chunks.len() || chunks.len() <= 1 {
-                    walk(
-                        &segments.lengths,
-                        first_position.clone(),
-                        &bin_of,
-                        k,
-                        &mut by_segment,
-                    );
-                    return by_segment;
-                }
-                let mut next = first_position.clone();
-                let mut chunk_starts = Vec::with_capacity(chunks.len());
-                for counts in &histograms {
-                    chunk_starts.push(next.clone());
-                    for (position, count) in next.iter_mut().zip(counts) {
-                        *position += count;
-                    }
-                }
+                let mut by_segment = zeroed_vec!(u32, segments.len());
                 by_segment
-                    .par_chunks_mut(chunk)
-                    .zip(chunks.par_iter())
-                    .zip(chunk_starts.into_par_iter())
-                    .for_each(|((out, lengths), next)| walk(lengths, next, &bin_of, k, out));
+                    .par_chunks_mut(*chunk_len)
+                    .zip(segments.lengths.par_chunks(*chunk_len))
+                    .zip(chunk_starts.par_iter())
+                    .for_each(|((out, lengths), next)| {
+                        walk(lengths, next.clone(), &bin_of, k, out);
+                    });
                 by_segment
             }
         }

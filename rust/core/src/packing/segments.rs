@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::options::{Oversize, PackOptions};
-use crate::buffers::with_capacity_huge;
+use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 
 /// An integer length type accepted from callers (numpy int32 or int64 arrays).
@@ -105,7 +105,33 @@ impl Scan {
         }
     }
 
-    fn of<L: Length>(values: &[L], offset: usize, capacity: u64) -> Self {
+    /// Scan `values` (input indices from `offset`) and write each length, capped at the
+    /// capacity, to `capped`: what the packing reads when no sequence is split or dropped.
+    fn of<L: Length>(values: &[L], offset: usize, capacity: u64, capped: &mut [u32]) -> Self {
+        // The common case in one loop without branches (it vectorizes): the sum, with a
+        // flag for wrapping, and the extremes, which say whether anything needs a look.
+        let (mut total, mut wrapped) = (0u64, false);
+        let (mut smallest, mut largest) = (i64::MAX, 0i64);
+        for (slot, &value) in capped.iter_mut().zip(values) {
+            let length = value.to_i64();
+            smallest = smallest.min(length);
+            largest = largest.max(length);
+            let (sum, carry) = total.overflowing_add(length as u64);
+            total = sum;
+            wrapped |= carry;
+            *slot = (length as u64).min(capacity) as u32;
+        }
+        if smallest >= 0 && largest as u64 <= capacity && !wrapped {
+            return Scan {
+                total: Some(total),
+                ..Scan::empty()
+            };
+        }
+        Self::with_exceptions(values, offset, capacity)
+    }
+
+    /// The scan of lengths some of which are negative, oversize or sum beyond `u64`.
+    fn with_exceptions<L: Length>(values: &[L], offset: usize, capacity: u64) -> Self {
         let mut scan = Scan::empty();
         for (i, &value) in values.iter().enumerate() {
             let length = value.to_i64();
@@ -255,10 +281,15 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
         )));
     }
     let capacity = options.capacity();
+    // Capped lengths are written during the scan: they are the segments' lengths unless
+    // something is split or dropped (then they are thrown away). A zeroed allocation is
+    // mapped lazily, so each page is touched once, by the write.
+    let mut capped = zeroed_vec!(u32, lengths.len());
     let scan = lengths
         .par_chunks(SCAN_CHUNK)
+        .zip(capped.par_chunks_mut(SCAN_CHUNK))
         .enumerate()
-        .map(|(chunk, values)| Scan::of(values, chunk * SCAN_CHUNK, capacity))
+        .map(|(chunk, (values, capped))| Scan::of(values, chunk * SCAN_CHUNK, capacity, capped))
         .reduce(Scan::empty, Scan::merge);
     let refused = scan
         .first_oversize
@@ -306,14 +337,8 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
             counts.truncated_seqs = n_oversize;
             counts.truncated_tokens = scan.excess_tokens;
         }
-        let mut lengths_u32 = with_capacity_huge(lengths.len());
-        lengths_u32.par_extend(
-            lengths
-                .par_iter()
-                .map(|&value| (value.to_i64() as u64).min(capacity) as u32),
-        );
         return Ok(Segments {
-            lengths: lengths_u32,
+            lengths: capped,
             sequence: None,
             starts: None,
             counts,
