@@ -33,6 +33,7 @@ __all__ = ["StreamPacker"]
 #: of the item at ``position`` in the stream (counted from 0 over the whole stream).
 StreamSegment = tuple[int, int, int]
 
+_INT64_MAX = 2**63 - 1
 _STATE_KIND = "tokenbatch.StreamPacker"
 #: The state format: the version is that of the core's buffer policy and shuffle.
 _STATE_FORMAT = f"{_STATE_KIND}/{_core.StreamBuffer.STATE_VERSION}"
@@ -213,7 +214,10 @@ class StreamPacker:
 
     def _length(self, item: Any, position: int) -> int:
         if self.length_fn is not None:
-            return as_int(self.length_fn(item), f"length of stream item {position}")
+            length = self.length_fn(item)
+            if type(length) is int and 0 <= length <= _INT64_MAX:  # the common case, fast
+                return length
+            return as_int(length, f"length of stream item {position}")
         tokens = item
         if isinstance(item, Mapping):
             if self.key not in item:
