@@ -1,16 +1,10 @@
 //! Large zeroed buffers backed by transparent huge pages where the kernel allows it.
 //!
-//! `vec![0; n]` is a lazily mapped zeroed allocation, so advising it before the first
-//! write lets the kernel back it with 2 MiB pages (Linux `madvise(MADV_HUGEPAGE)`,
-//! honoured in the common `madvise` THP mode), which makes writing fresh memory cheaper.
-//! Elsewhere this is a plain zeroed vector.
-//!
-//! Packing does not use it: under the default THP settings (`defrag=madvise`) a
-//! huge-page fault compacts memory when free memory is fragmented. The first `pack` of
-//! 10M lengths in a fresh process took 0.25-0.57 s of CPU with huge pages against
-//! 0.31-0.36 s with 4 KiB pages (10 runs each on a shared 2-core VM), and the copy of
-//! `gather` showed the same. Packing is the one call a data pipeline makes per
-//! process, so a predictable first call wins over a faster typical one.
+//! Packing 10M sequences writes a few hundred megabytes of fresh memory; with 4 KiB
+//! pages the page faults alone cost more than the packing. `vec![0; n]` is a lazily
+//! mapped zeroed allocation, so advising it before the first write lets the kernel
+//! back it with 2 MiB pages (Linux `madvise(MADV_HUGEPAGE)`, honoured in the common
+//! `madvise` THP mode). Elsewhere this is a plain zeroed vector.
 
 /// Below this size huge pages do not pay.
 const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
@@ -24,6 +18,14 @@ macro_rules! zeroed_vec {
     }};
 }
 pub(crate) use zeroed_vec;
+
+/// An empty vector with room for `n` elements, advised for huge pages when large (the
+/// reserved memory is not touched until pushed to).
+pub fn with_capacity_huge<T>(n: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    advise_huge_pages(v.spare_capacity_mut());
+    v
+}
 
 /// Ask the kernel for huge pages under `buffer`'s not yet touched memory.
 pub fn advise_huge_pages<T>(buffer: &[T]) {

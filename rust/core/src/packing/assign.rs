@@ -3,6 +3,7 @@
 
 use super::capacity_index::{BestFitIndex, FirstFitIndex, OpenBin};
 use super::options::{Algorithm, PackOptions};
+use crate::buffers::with_capacity_huge;
 
 /// Bin of each offer position, and the number of bins.
 pub struct Assignment {
@@ -34,7 +35,7 @@ pub fn best_fit(
 ) -> Assignment {
     let capacity = options.max_tokens;
     let mut n_bins = 0u32;
-    let mut bin_of = Vec::with_capacity(n);
+    let mut bin_of = with_capacity_huge(n);
     for cost in costs {
         let (remaining, open) = index.take_best_or_open(cost, capacity, &mut n_bins);
         let count = open.count + 1;
@@ -67,7 +68,7 @@ pub fn best_fit_runs(
     let capacity = options.max_tokens;
     let max_seqs = options.max_seqs;
     let mut n_bins = 0u32;
-    let mut bin_of: Vec<u32> = Vec::with_capacity(n);
+    let mut bin_of: Vec<u32> = with_capacity_huge(n);
     for &(cost, count) in runs {
         let mut left = u64::from(count);
         while left > 0 {
@@ -107,7 +108,7 @@ pub fn best_fit_runs(
 /// First fit: each segment goes to the lowest-numbered open bin with room for it.
 pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
     let mut index = FirstFitIndex::new();
-    let mut bin_of = Vec::with_capacity(n);
+    let mut bin_of = with_capacity_huge(n);
     for cost in costs {
         let (bin, remaining) = index.find_or_open(cost, options.max_tokens);
         index.place(bin, 1, remaining - cost, options.max_seqs);
@@ -126,7 +127,7 @@ pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptio
 /// less than `cost` left), so it takes as many as fit in one step.
 pub fn first_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> Assignment {
     let mut index = FirstFitIndex::new();
-    let mut bin_of = Vec::with_capacity(n);
+    let mut bin_of = with_capacity_huge(n);
     for &(cost, count) in runs {
         let mut left = u64::from(count);
         while left > 0 {
@@ -146,7 +147,7 @@ pub fn first_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> A
 
 /// Next fit: one open bin, closed as soon as a segment does not fit.
 pub fn next_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
-    let mut bin_of = Vec::with_capacity(n);
+    let mut bin_of = with_capacity_huge(n);
     let mut n_bins = 0usize;
     let mut remaining = 0u64;
     let mut count = u64::MAX;
@@ -171,7 +172,7 @@ pub fn padded(
     n: usize,
     options: &PackOptions,
 ) -> (Assignment, Vec<u64>) {
-    let mut bin_of = Vec::with_capacity(n);
+    let mut bin_of = with_capacity_huge(n);
     let mut batch_cost: Vec<u64> = Vec::new();
     let mut longest = 0u64;
     let mut count = 0u64;

@@ -15,6 +15,8 @@ use super::segments::Segments;
 use super::Packing;
 use rayon::prelude::*;
 
+use crate::buffers::zeroed_vec;
+
 /// Output slots per bucket of the bucketed layout: 32,768 (three 256 KB windows of the
 /// outputs fit a core's L2 cache).
 const WINDOW: usize = 1 << 15;
@@ -92,8 +94,8 @@ fn cursor_at_bin_starts(bin_offsets: &[i64]) -> Vec<u32> {
 /// One pass: each segment written straight to its slot.
 fn scatter_direct(segments: &Segments, bin_of_segment: &[u32], bin_offsets: &[i64]) -> Outputs {
     let n = segments.len();
-    let mut indices = vec![0i64; n];
-    let mut lengths = vec![0i64; n];
+    let mut indices = zeroed_vec!(i64, n);
+    let mut lengths = zeroed_vec!(i64, n);
     let mut starts = vec![0i64; n]; // lazily mapped: touched only if something split
     let mut cursor = cursor_at_bin_starts(bin_offsets);
     for (id, &bin) in bin_of_segment.iter().enumerate() {
@@ -163,8 +165,8 @@ fn scatter_bucketed(
     }
     bin_offsets.push(slot as i64);
 
-    let mut indices = vec![0i64; n];
-    let mut lengths = vec![0i64; n];
+    let mut indices = zeroed_vec!(i64, n);
+    let mut lengths = zeroed_vec!(i64, n);
     // Zeroed allocations are mapped lazily: `starts` costs nothing unless something split.
     let mut starts = vec![0i64; n];
     let split = segments.starts.is_some();

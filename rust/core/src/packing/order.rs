@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use super::assign::{self, Assignment};
 use super::options::{Algorithm, PackOptions};
 use super::segments::Segments;
+use crate::buffers::{with_capacity_huge, zeroed_vec};
 use crate::rng::{mix_seed, SplitMix64};
 
 /// The decreasing-cost order is found by counting (one pass and a histogram with a
@@ -183,7 +184,7 @@ impl OfferOrder {
             }
             Self::Input => assign(CostIter::Lengths(segments.lengths.iter(), options)),
             Self::Permutation(ids) => {
-                let mut lengths = Vec::with_capacity(ids.len());
+                let mut lengths = with_capacity_huge(ids.len());
                 lengths.extend(ids.iter().map(|&id| segments.lengths[id as usize]));
                 assign(CostIter::Lengths(lengths.iter(), options))
             }
@@ -230,7 +231,7 @@ impl OfferOrder {
         match self {
             Self::Input => bin_of,
             Self::Permutation(ids) => {
-                let mut by_segment = vec![0u32; bin_of.len()];
+                let mut by_segment = zeroed_vec!(u32, bin_of.len());
                 for (&id, &bin) in ids.iter().zip(&bin_of) {
                     by_segment[id as usize] = bin;
                 }
@@ -245,7 +246,7 @@ impl OfferOrder {
                 ..
             } => {
                 let k = options.pad_to_multiple_of;
-                let mut by_segment = vec![0u32; segments.len()];
+                let mut by_segment = zeroed_vec!(u32, segments.len());
                 by_segment
                     .par_chunks_mut(*chunk_len)
                     .zip(segments.lengths.par_chunks(*chunk_len))

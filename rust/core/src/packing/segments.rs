@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::options::{Oversize, PackOptions};
+use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 
 /// An integer length type accepted from callers (numpy int32 or int64 arrays).
@@ -283,7 +284,7 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
     // Capped lengths are written during the scan: they are the segments' lengths unless
     // something is split or dropped (then they are thrown away). A zeroed allocation is
     // mapped lazily, so each page is touched once, by the write.
-    let mut capped = vec![0u32; lengths.len()];
+    let mut capped = zeroed_vec!(u32, lengths.len());
     let scan = lengths
         .par_chunks(SCAN_CHUNK)
         .zip(capped.par_chunks_mut(SCAN_CHUNK))
