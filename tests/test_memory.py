@@ -146,6 +146,43 @@ def test_explain_names_every_component() -> None:
     assert sum(estimate.activation_parts.values()) == pytest.approx(estimate.activations, abs=8)
 
 
+def test_explain_takes_numeric_dtypes_and_optimizer_states() -> None:
+    # Byte sizes and state counts given as numbers are read as such, and explained as such.
+    by_number = estimate_memory(LLAMA_8B, seq_len=4096, param_dtype=2, optimizer=2)
+    by_name = estimate_memory(LLAMA_8B, seq_len=4096)
+    assert by_number.total == by_name.total
+    text = by_number.explanation()
+    assert "2 B/param (2)" in text
+    assert "4 (master weights) + 8 (2 states in fp32) B/param" in text
+    fp32_acts = estimate_memory(LLAMA_8B, seq_len=4096, activation_dtype="fp32").explanation()
+    assert "4 B/element" in fp32_acts
+
+
+def test_plan_communication_follows_activation_dtype() -> None:
+    common: dict[str, Any] = {
+        "num_gpus": 16,
+        "gpu_memory": 80e9,
+        "seq_len": 4096,
+        "global_batch_tokens": 4096 * 64,
+        "top": None,
+    }
+    spec = ModelSpec.preset("llama-3.1-70b")
+
+    def tp_comm(**options: Any) -> dict[tuple[int, ...], float]:
+        return {
+            (x.dp, x.tp, x.pp, x.zero, x.micro_batch): x.time_parts["tp_comm"]
+            for x in plan(spec, **common, **options)
+            if x.tp > 1 and x.recompute == "full"
+        }
+
+    bf16 = tp_comm()
+    fp32 = tp_comm(activation_dtype="fp32")
+    shared = set(bf16) & set(fp32)
+    assert shared
+    for key in shared:
+        assert fp32[key] == pytest.approx(2 * bf16[key])
+
+
 def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
     tp = np.array([1, 2, 3, 4])[:, None, None]
     seq = np.array([1024, 4096])[None, :, None]

@@ -186,6 +186,12 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
     return {name: fields[name] for name in LAYOUT_FIELDS}
 
 
+def scalar_inputs(options: Mapping[str, Any]) -> dict[str, float]:
+    """The core's numeric fields for scalar options (``seq_len`` defaults to 1 here)."""
+    fields = _layout_inputs({"seq_len": 1, **options}, strict=True)
+    return {name: float(array.reshape(-1)[0]) for name, array in fields.items()}
+
+
 def _run_grid(
     spec: ModelSpec, fields: Mapping[str, _F64]
 ) -> tuple[tuple[int, ...], _F64, npt.NDArray[np.uint8]]:
@@ -213,11 +219,14 @@ class MemoryEstimate:
     says what activations are made of: ``attention``, ``mlp`` and ``norm`` blocks of the
     layers in flight, ``embedding`` (first stage), ``logits`` (last stage),
     ``checkpoints`` (layer inputs kept by full recomputation) and ``working`` (one layer
-    rebuilt during backward).
+    rebuilt during backward). ``options`` are the options as given (defaults filled in);
+    ``inputs`` are the numbers the core computed with (bytes per element of each dtype,
+    optimizer state bytes, codes of named choices), keyed by the core's field names.
     """
 
     spec: ModelSpec
     options: dict[str, Any]
+    inputs: dict[str, float]
     params: int
     grads: int
     optimizer: int
@@ -283,6 +292,7 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
             raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
     fields = _layout_inputs({"seq_len": seq_len, **options}, strict=True)
     _, table, reasons = _run_grid(spec, fields)
+    inputs = {name: float(array.reshape(-1)[0]) for name, array in fields.items()}
     values = dict(zip(OUTPUT_FIELDS, table[:, 0].tolist(), strict=True))
     reason = int(reasons.reshape(-1)[0])
     if reason:
@@ -290,6 +300,7 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     return MemoryEstimate(
         spec=spec,
         options={**_DEFAULTS, "seq_len": seq_len, **options},
+        inputs=inputs,
         params=int(values["params"]),
         grads=int(values["grads"]),
         optimizer=int(values["optimizer"]),
@@ -444,15 +455,19 @@ def _gib(value: float) -> str:
     return f"{value / GIB:10.3f}"
 
 
+def _bytes(value: float) -> str:
+    return f"{value:g}"
+
+
 def _explain(est: MemoryEstimate) -> str:
     o = est.options
+    n = est.inputs
     spec = est.spec
-    param_b = DTYPE_BYTES[str(o["param_dtype"]).lower()]
-    grad_b = param_b if o["grad_dtype"] is None else DTYPE_BYTES[str(o["grad_dtype"]).lower()]
-    master = param_b < 4 if o["master_weights"] is None else bool(o["master_weights"])
-    states = OPTIMIZER_STATES[str(o["optimizer"]).lower()]
-    state_b = DTYPE_BYTES[str(o["optimizer_dtype"]).lower()]
-    accum = 4 if o["fp32_grad_accum"] else 0
+    param_b = n["param_bytes"]
+    grad_b = n["grad_bytes"]
+    accum = n["grad_buffer_bytes"]
+    master = n["master_bytes"]
+    states = n["optimizer_state_bytes"]
     zero = int(o["zero"])
     group = int(o["dp"]) * int(o["cp"])
     layout = ", ".join(
@@ -465,16 +480,17 @@ def _explain(est: MemoryEstimate) -> str:
         f"per GPU, busiest pipeline stage = {est.stage} (of {o['pp']})",
         "",
         f"{'component':<16}{'GiB':>10}  how",
-        f"{'params':<16}{_gib(est.params)}  {param_b} B/param ({o['param_dtype']})"
+        f"{'params':<16}{_gib(est.params)}  {_bytes(param_b)} B/param ({o['param_dtype']})"
         + (f", sharded over dp*cp={group} (ZeRO-3)" if zero >= 3 else ""),
-        f"{'grads':<16}{_gib(est.grads)}  {grad_b}"
-        f"{f' + {accum} (fp32 accumulation)' if accum else ''} B/param"
+        f"{'grads':<16}{_gib(est.grads)}  {_bytes(grad_b)}"
+        f"{f' + {_bytes(accum)} (fp32 accumulation)' if accum else ''} B/param"
         + (f", sharded over dp*cp={group} (ZeRO-2)" if zero >= 2 else ""),
         f"{'optimizer':<16}{_gib(est.optimizer)}  "
-        f"{4 if master else 0} (fp32 master) + {states} x {state_b} "
-        f"({o['optimizer']} states) B/param"
+        f"{_bytes(master)} (master weights) + {_bytes(states)} "
+        f"({o['optimizer']} states in {o['optimizer_dtype']}) B/param"
         + (f", sharded over dp*cp={group} (ZeRO-1)" if zero >= 1 else ""),
         f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model, "
+        f"{_bytes(n['activation_bytes'])} B/element, "
         f"{o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
     ]
     how = {

@@ -44,7 +44,7 @@ import numpy.typing as npt
 
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.memory.estimate import DTYPE_BYTES, estimate_memory_grid
+from tokenbatch.memory.estimate import estimate_memory_grid, scalar_inputs
 from tokenbatch.memory.spec import ModelSpec
 
 __all__ = ["PlannedLayout", "plan"]
@@ -215,8 +215,9 @@ def plan(
         return []
     keep = np.flatnonzero(fits)
     cols = {k: v[keep].astype(np.float64) for k, v in c.items()}
-    param_bytes = float(DTYPE_BYTES[str(options.get("param_dtype", "bf16")).lower()])
-    act_bytes = param_bytes
+    resolved = scalar_inputs(options)
+    param_bytes = resolved["param_bytes"]
+    act_bytes = resolved["activation_bytes"]
     times = _step_time(
         spec,
         cols,
