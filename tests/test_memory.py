@@ -246,6 +246,46 @@ def test_moe_expert_parallel_and_pipeline_stage() -> None:
     assert pp.params < estimate_memory(LLAMA_8B, seq_len=4096).params / 3
 
 
+def test_uneven_pipeline_stages_express_the_published_layouts() -> None:
+    deepseek = ModelSpec.preset("deepseek-v3")
+    with pytest.raises(InvalidValueError, match="pipeline_split='auto'"):
+        estimate_memory(deepseek, seq_len=4096, pp=16)
+    # 61 layers on 16 stages: 3 + 14 x 4 + 2, the first three dense, on the first stage.
+    auto = estimate_memory(deepseek, seq_len=4096, pp=16, dp=128, ep=64, pipeline_split="auto")
+    explicit = estimate_memory(
+        deepseek, seq_len=4096, pp=16, dp=128, ep=64, first_stage_layers=3, last_stage_layers=2
+    )
+    assert auto.to_dict() == explicit.to_dict()
+    assert auto.layers == {0: 3, 15: 2}.get(auto.stage, 4)
+    assert f"holding {auto.layers} of 61 layers" in auto.explanation()
+    # Llama 3.1 405B on 16 stages: one layer fewer on the first and last (126 = 7 + 14 x 8 + 7).
+    llama = ModelSpec.preset("llama-3.1-405b")
+    layouts = [
+        {"pipeline_split": "auto"},
+        {"pipeline_split": "embedding_and_loss"},
+        {"first_stage_layers": 7, "last_stage_layers": 7},
+    ]
+    totals = {
+        estimate_memory(llama, seq_len=8192, tp=8, pp=16, dp=8, zero=1, **layout).total
+        for layout in layouts
+    }
+    assert len(totals) == 1
+    grid = estimate_memory_grid(
+        llama,
+        seq_len=8192,
+        tp=8,
+        pp=16,
+        pipeline_split=["even", "auto", "embedding", "loss", "embedding_and_loss"],
+    )
+    assert grid.valid.tolist() == [False, True, False, False, True]
+    # The first stage keeps 16 micro-batches of 7 layers, the second 15 of 8: it is the busiest.
+    assert (grid.stage[1], grid.layers[1]) == (1, 8)
+    with pytest.raises(InvalidValueError, match="pipeline_split must be"):
+        estimate_memory(llama, seq_len=8192, pp=16, pipeline_split="uneven")
+    with pytest.raises(InvalidValueError, match="layers do not split"):
+        estimate_memory(llama, seq_len=8192, pp=16, first_stage_layers=7)
+
+
 @pytest.mark.parametrize(
     ("spec", "options", "match"),
     [

@@ -61,6 +61,8 @@ OPTIMIZER_STATES: dict[str, int] = {
 _RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
 _ACTIVATION_MODEL = {"modern": 0, "korthikanti": 1}
 _ATTENTION = {"flash": 0, "eager": 1}
+#: Rules for splitting layers over pipeline stages (see :func:`estimate_memory`).
+PIPELINE_SPLITS = {"even": 0, "auto": 1, "embedding": 2, "loss": 3, "embedding_and_loss": 4}
 
 _ACT_PARTS = (
     "attention",
@@ -96,6 +98,9 @@ _DEFAULTS: dict[str, Any] = {
     "attention": "flash",
     "fused_swiglu": False,
     "overhead_bytes": 0,
+    "first_stage_layers": None,
+    "last_stage_layers": None,
+    "pipeline_split": "even",
 }
 
 #: Options :func:`estimate_memory` and :func:`estimate_memory_grid` accept besides ``seq_len``.
@@ -123,6 +128,11 @@ def _numeric(name: str, value: Any) -> _F64:
     if array.dtype.kind not in "biuf":
         raise InvalidTypeError(f"{name} must be a number or an array of numbers, got {value!r}")
     return np.ascontiguousarray(array, dtype=np.float64)
+
+
+def _optional_count(name: str, value: Any) -> _F64:
+    """A count where None means "not set" (0 for the core)."""
+    return _numeric(name, 0 if value is None else value)
 
 
 def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _F64:
@@ -155,7 +165,6 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         master = 4.0 * _numeric("master_weights", o["master_weights"])
     states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
     state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
-    accum = o["grad_accum_steps"]
     fields: dict[str, _F64] = {
         "seq_len": _numeric("seq_len", o["seq_len"]),
         "micro_batch": _numeric("micro_batch", o["micro_batch"]),
@@ -168,7 +177,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         "zero": _numeric("zero", o["zero"]),
         "sequence_parallel": _numeric("sequence_parallel", o["sequence_parallel"]),
         "recompute": _lookup("recompute", o["recompute"], _RECOMPUTE, strict=strict),
-        "grad_accum_steps": _numeric("grad_accum_steps", 0 if accum is None else accum),
+        "grad_accum_steps": _optional_count("grad_accum_steps", o["grad_accum_steps"]),
         "param_bytes": param,
         "grad_bytes": grad,
         "grad_buffer_bytes": 4.0 * _numeric("fp32_grad_accum", o["fp32_grad_accum"]),
@@ -182,6 +191,11 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         "attention": _lookup("attention", o["attention"], _ATTENTION, strict=strict),
         "fused_swiglu": _numeric("fused_swiglu", o["fused_swiglu"]),
         "overhead_bytes": _numeric("overhead_bytes", o["overhead_bytes"]),
+        "first_stage_layers": _optional_count("first_stage_layers", o["first_stage_layers"]),
+        "last_stage_layers": _optional_count("last_stage_layers", o["last_stage_layers"]),
+        "pipeline_split": _lookup(
+            "pipeline_split", o["pipeline_split"], PIPELINE_SPLITS, strict=strict
+        ),
     }
     return {name: fields[name] for name in LAYOUT_FIELDS}
 
@@ -215,6 +229,8 @@ def _run_grid(
 class MemoryEstimate:
     """Per-GPU memory of one configuration, in bytes, on the busiest pipeline stage.
 
+    ``stage`` is that stage's index and ``layers`` the transformer layers it holds.
+
     ``total = params + grads + optimizer + activations + overhead``. ``activation_parts``
     says what activations are made of: ``attention``, ``mlp`` and ``norm`` blocks of the
     layers in flight, ``embedding`` (first stage), ``logits`` (last stage),
@@ -235,6 +251,7 @@ class MemoryEstimate:
     total: int
     activation_parts: dict[str, int]
     stage: int
+    layers: int
 
     @property
     def model_states(self) -> int:
@@ -255,6 +272,7 @@ class MemoryEstimate:
             "overhead": self.overhead,
             "total": self.total,
             "stage": self.stage,
+            "layers": self.layers,
         }
         result.update({f"act_{k}": v for k, v in self.activation_parts.items()})
         return result
@@ -283,6 +301,14 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     (or ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s
     probabilities), ``fused_swiglu=False`` and ``overhead_bytes=0``.
 
+    Pipeline stages (Megatron-LM's rules): ``pipeline_split="even"`` gives every stage
+    ``num_layers / pp`` layers; ``first_stage_layers`` and/or ``last_stage_layers`` (with
+    ``"even"``) fix those stages and split the rest evenly; ``"embedding"``, ``"loss"`` and
+    ``"embedding_and_loss"`` count the embedding and/or the loss as one layer of the split
+    (Megatron's ``--account-for-*-in-pipeline-split``); ``"auto"`` takes the even split when
+    it exists and otherwise takes the layers left over off the last and first stages (126
+    layers on 16 stages: 7 + 14 x 8 + 7).
+
     Raises :class:`~tokenbatch.errors.InvalidValueError` naming the parameter when the
     layout does not fit the model (``tp`` not dividing the heads, ``pp`` not dividing the
     layers, ``zero`` > 3, negative or NaN values...).
@@ -309,6 +335,7 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
         total=math.ceil(values["total"]),
         activation_parts={k: math.ceil(values[f"act_{k}"]) for k in _ACT_PARTS},
         stage=int(values["stage"]),
+        layers=int(values["layers"]),
     )
 
 
@@ -326,8 +353,8 @@ class MemoryGrid:
     valid cell) says which check failed and :meth:`reasons` says it in words. Each field is
     a contiguous array. Fields: ``params``, ``grads``, ``optimizer``, ``activations``,
     ``overhead``, ``total``, ``act_attention``, ``act_mlp``, ``act_norm``,
-    ``act_embedding``, ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes) and
-    ``stage``.
+    ``act_embedding``, ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes),
+    ``stage`` and ``layers`` (the busiest stage and its transformer layers).
     """
 
     def __init__(
@@ -362,6 +389,7 @@ class MemoryGrid:
     overhead = property(lambda self: self.field("overhead"), doc="Constant overhead bytes.")
     total = property(lambda self: self.field("total"), doc="Total bytes per GPU.")
     stage = property(lambda self: self.field("stage"), doc="Busiest pipeline stage.")
+    layers = property(lambda self: self.field("layers"), doc="Layers of the busiest stage.")
 
     @property
     def size(self) -> int:
@@ -477,7 +505,11 @@ def _explain(est: MemoryEstimate) -> str:
         f"{spec.name}: {spec.num_params():,} parameters ({spec.num_active_params():,} active)",
         f"layout: {layout}, zero={zero}, sequence_parallel={o['sequence_parallel']}, "
         f"recompute={o['recompute']}",
-        f"per GPU, busiest pipeline stage = {est.stage} (of {o['pp']})",
+        f"per GPU, busiest pipeline stage = {est.stage} (of {o['pp']}), holding {est.layers} "
+        f"of {spec.num_layers} layers (pipeline_split={o['pipeline_split']!r}"
+        + (f", first_stage_layers={o['first_stage_layers']}" if o["first_stage_layers"] else "")
+        + (f", last_stage_layers={o['last_stage_layers']}" if o["last_stage_layers"] else "")
+        + ")",
         "",
         f"{'component':<16}{'GiB':>10}  how",
         f"{'params':<16}{_gib(est.params)}  {_bytes(param_b)} B/param ({o['param_dtype']})"

@@ -45,10 +45,11 @@
 //! recomputes (Chen et al. 2016).
 
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
+use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::{FfnType, LayerParams, ModelSpec, NormType};
 
 /// Names of the output columns, in [`Breakdown::to_values`] order.
-pub const OUTPUT_FIELDS: [&str; 14] = [
+pub const OUTPUT_FIELDS: [&str; 15] = [
     "params",
     "grads",
     "optimizer",
@@ -63,6 +64,7 @@ pub const OUTPUT_FIELDS: [&str; 14] = [
     "act_checkpoints",
     "act_working",
     "stage",
+    "layers",
 ];
 
 /// Number of output columns.
@@ -93,6 +95,8 @@ pub struct Breakdown {
     pub act_working: f64,
     /// Index of the pipeline stage reported.
     pub stage: f64,
+    /// Transformer layers held by that stage.
+    pub layers: f64,
 }
 
 impl Breakdown {
@@ -113,6 +117,7 @@ impl Breakdown {
             self.act_checkpoints,
             self.act_working,
             self.stage,
+            self.layers,
         ]
     }
 }
@@ -184,6 +189,10 @@ fn is_pos_int(x: f64) -> bool {
     x.is_finite() && x >= 1.0 && is_whole(x)
 }
 
+fn is_count(x: f64) -> bool {
+    x.is_finite() && x >= 0.0 && is_whole(x)
+}
+
 fn is_flag(x: f64) -> bool {
     x == 0.0 || x == 1.0
 }
@@ -205,10 +214,16 @@ fn divides(d: f64, n: u64) -> bool {
 /// Check a configuration against the model; the first problem found is returned (fields
 /// in [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS) order, then how they fit the model).
 pub fn validate(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
+    check_fields(l)?;
+    validate_fit(spec, l).map(|_| ())
+}
+
+/// [`check_field`] on every field, in field order.
+fn check_fields(l: &Layout) -> Result<(), Invalid> {
     for (field, &value) in l.to_values().iter().enumerate() {
         check_field(field, value)?;
     }
-    validate_fit(spec, l)
+    Ok(())
 }
 
 /// Check the value of field `field` (an index into
@@ -232,13 +247,16 @@ pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
         ),
         9 => (is_flag(x), Invalid::SequenceParallel),
         10 => (x == 0.0 || x == 1.0 || x == 2.0, Invalid::Recompute),
-        11 => (
-            x.is_finite() && x >= 0.0 && is_whole(x),
-            Invalid::GradAccumSteps,
-        ),
+        11 => (is_count(x), Invalid::GradAccumSteps),
         19 => (is_flag(x), Invalid::ActivationModel),
         20 => (is_flag(x), Invalid::Attention),
         21 => (is_flag(x), Invalid::FusedSwiglu),
+        23 => (is_count(x), Invalid::FirstStageLayers),
+        24 => (is_count(x), Invalid::LastStageLayers),
+        25 => (
+            PipelineSplit::from_code(x).is_some(),
+            Invalid::PipelineSplit,
+        ),
         // 12..=18 and 22: byte counts.
         _ => (x.is_finite() && x >= 0.0, Invalid::Bytes),
     };
@@ -249,8 +267,9 @@ pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
     }
 }
 
-/// Check how a configuration whose fields each passed [`check_field`] fits the model.
-fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
+/// Check how a configuration whose fields each passed [`check_field`] fits the model, and
+/// split its layers over the pipeline stages.
+fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
     if !divides(l.tp, spec.num_heads) {
         return Err(Invalid::TpHeads);
     }
@@ -264,9 +283,16 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
     {
         return Err(Invalid::TpFfn);
     }
-    if !divides(l.pp * l.vpp, spec.num_layers) {
-        return Err(Invalid::PpLayers);
-    }
+    let split = PipelineSplit::from_code(l.pipeline_split).ok_or(Invalid::PipelineSplit)?;
+    let stages = StageLayers::new(
+        spec.num_layers,
+        l.pp as u64,
+        l.vpp as u64,
+        split,
+        l.first_stage_layers as u64,
+        l.last_stage_layers as u64,
+    )
+    .ok_or(Invalid::PpLayers)?;
     if spec.is_moe() {
         if !divides(l.ep, spec.num_experts) {
             return Err(Invalid::EpExperts);
@@ -280,7 +306,7 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
     if !divides(l.cp, l.seq_len as u64) {
         return Err(Invalid::CpSeqLen);
     }
-    Ok(())
+    Ok(stages)
 }
 
 /// Activation bytes per local token of one layer, by block.
@@ -384,34 +410,21 @@ impl Prepared {
     }
 }
 
-/// Dense and MoE layers among the `chunk`-layer model chunks a stage holds.
-fn stage_layer_counts(spec: &ModelSpec, stage: u64, pp: u64, vpp: u64, chunk: u64) -> (f64, f64) {
-    if !spec.is_moe() {
-        return ((chunk * vpp) as f64, 0.0);
-    }
-    let mut dense = 0u64;
-    for j in 0..vpp {
-        let start = (stage + j * pp) * chunk;
-        dense += spec.first_dense_layers.saturating_sub(start).min(chunk);
-    }
-    (dense as f64, (chunk * vpp - dense) as f64)
-}
-
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
-    validate(&prep.spec, l)?;
-    Ok(estimate_valid(prep, l))
+    check_fields(l)?;
+    estimate_checked_fields(prep, l)
 }
 
 /// [`estimate`] for a layout whose fields each passed [`check_field`].
 pub(crate) fn estimate_checked_fields(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
-    validate_fit(&prep.spec, l)?;
-    Ok(estimate_valid(prep, l))
+    let stages = validate_fit(&prep.spec, l)?;
+    Ok(estimate_valid(prep, l, stages))
 }
 
 /// The busiest stage of a valid configuration.
-fn estimate_valid(prep: &Prepared, l: &Layout) -> Breakdown {
-    let config = Config::new(prep, l);
+fn estimate_valid(prep: &Prepared, l: &Layout, stages: StageLayers) -> Breakdown {
+    let config = Config::new(prep, l, stages);
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
     let mut best = config.stage(0, first_counts);
@@ -439,8 +452,9 @@ fn estimate_valid(prep: &Prepared, l: &Layout) -> Breakdown {
 /// The breakdown of every pipeline stage of a configuration (the spec must have been
 /// validated); [`estimate`] reports the first stage with the largest total.
 pub fn estimate_stages(prep: &Prepared, l: &Layout) -> Result<Vec<Breakdown>, Invalid> {
-    validate(&prep.spec, l)?;
-    let config = Config::new(prep, l);
+    check_fields(l)?;
+    let stages = validate_fit(&prep.spec, l)?;
+    let config = Config::new(prep, l, stages);
     Ok((0..l.pp as u64)
         .map(|stage| config.stage(stage, config.layer_counts(stage)))
         .collect())
@@ -465,11 +479,11 @@ struct Config<'a> {
     expert_group: f64,
     pp: u64,
     vpp: u64,
-    chunk: u64,
+    stages: StageLayers,
 }
 
 impl<'a> Config<'a> {
-    fn new(prep: &'a Prepared, l: &'a Layout) -> Self {
+    fn new(prep: &'a Prepared, l: &'a Layout, stages: StageLayers) -> Self {
         let spec = &prep.spec;
         let t = l.tp;
         let sp = l.sequence_parallel == 1.0 && t > 1.0;
@@ -550,13 +564,21 @@ impl<'a> Config<'a> {
             expert_group: dense_group / l.ep,
             pp,
             vpp,
-            chunk: spec.num_layers / (pp * vpp),
+            stages,
         }
     }
 
     /// (dense, MoE) layers held by `stage`.
     fn layer_counts(&self, stage: u64) -> (f64, f64) {
-        stage_layer_counts(&self.prep.spec, stage, self.pp, self.vpp, self.chunk)
+        let spec = &self.prep.spec;
+        let layers = self.stages.stage_layers(stage);
+        let dense = if spec.is_moe() {
+            self.stages
+                .leading_layers_on(stage, spec.first_dense_layers)
+        } else {
+            layers
+        };
+        (dense as f64, (layers - dense) as f64)
     }
 
     /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers.
@@ -666,6 +688,7 @@ impl<'a> Config<'a> {
             act_checkpoints,
             act_working,
             stage: stage as f64,
+            layers: n_dense + n_moe,
         }
     }
 }

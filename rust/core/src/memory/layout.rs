@@ -5,7 +5,7 @@
 //! ([`LAYOUT_FIELDS`]).
 
 /// Names of the layout fields, in the order [`Layout::from_values`] reads them.
-pub const LAYOUT_FIELDS: [&str; 23] = [
+pub const LAYOUT_FIELDS: [&str; 26] = [
     "seq_len",
     "micro_batch",
     "dp",
@@ -29,6 +29,9 @@ pub const LAYOUT_FIELDS: [&str; 23] = [
     "attention",
     "fused_swiglu",
     "overhead_bytes",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pipeline_split",
 ];
 
 /// Number of layout fields.
@@ -87,6 +90,13 @@ pub struct Layout {
     pub fused_swiglu: f64,
     /// Constant bytes added to every GPU (CUDA context, communication buffers...).
     pub overhead_bytes: f64,
+    /// Layers of the first pipeline stage; 0 lets `pipeline_split` decide.
+    pub first_stage_layers: f64,
+    /// Layers of the last pipeline stage; 0 lets `pipeline_split` decide.
+    pub last_stage_layers: f64,
+    /// A [`PipelineSplit`](crate::memory::PipelineSplit) code: 0 even, 1 auto, 2 embedding,
+    /// 3 loss, 4 embedding and loss counted as layers.
+    pub pipeline_split: f64,
 }
 
 impl Default for Layout {
@@ -115,6 +125,9 @@ impl Default for Layout {
             attention: 0.0,
             fused_swiglu: 0.0,
             overhead_bytes: 0.0,
+            first_stage_layers: 0.0,
+            last_stage_layers: 0.0,
+            pipeline_split: 0.0,
         }
     }
 }
@@ -146,6 +159,9 @@ impl Layout {
             attention: v[20],
             fused_swiglu: v[21],
             overhead_bytes: v[22],
+            first_stage_layers: v[23],
+            last_stage_layers: v[24],
+            pipeline_split: v[25],
         }
     }
 
@@ -175,6 +191,9 @@ impl Layout {
             self.attention,
             self.fused_swiglu,
             self.overhead_bytes,
+            self.first_stage_layers,
+            self.last_stage_layers,
+            self.pipeline_split,
         ]
     }
 
@@ -215,6 +234,9 @@ pub enum Invalid {
     ActivationModel,
     Attention,
     FusedSwiglu,
+    FirstStageLayers,
+    LastStageLayers,
+    PipelineSplit,
     TpHeads,
     TpKvHeads,
     TpFfn,
@@ -226,7 +248,7 @@ pub enum Invalid {
 }
 
 /// Every invalid reason, in code order (code = index + 1).
-pub const INVALID_REASONS: [Invalid; 24] = [
+pub const INVALID_REASONS: [Invalid; 27] = [
     Invalid::SeqLen,
     Invalid::MicroBatch,
     Invalid::Dp,
@@ -243,6 +265,9 @@ pub const INVALID_REASONS: [Invalid; 24] = [
     Invalid::ActivationModel,
     Invalid::Attention,
     Invalid::FusedSwiglu,
+    Invalid::FirstStageLayers,
+    Invalid::LastStageLayers,
+    Invalid::PipelineSplit,
     Invalid::TpHeads,
     Invalid::TpKvHeads,
     Invalid::TpFfn,
@@ -282,10 +307,25 @@ impl Invalid {
             Invalid::ActivationModel => "activation_model must be 'modern' or 'korthikanti'",
             Invalid::Attention => "attention must be 'flash' or 'eager'",
             Invalid::FusedSwiglu => "fused_swiglu must be a boolean",
+            Invalid::FirstStageLayers => {
+                "first_stage_layers must be a non-negative integer (0 or None: set by pipeline_split)"
+            }
+            Invalid::LastStageLayers => {
+                "last_stage_layers must be a non-negative integer (0 or None: set by pipeline_split)"
+            }
+            Invalid::PipelineSplit => {
+                "pipeline_split must be 'even', 'auto', 'embedding', 'loss' or 'embedding_and_loss'"
+            }
             Invalid::TpHeads => "tp must divide num_heads",
             Invalid::TpKvHeads => "tp must divide num_kv_heads or be a multiple of it",
             Invalid::TpFfn => "tp must divide ffn_size (and moe_ffn_size)",
-            Invalid::PpLayers => "pp * vpp must divide num_layers",
+            Invalid::PpLayers => {
+                "the layers do not split over pp * vpp pipeline chunks: pp * vpp must divide \
+                 num_layers, or first_stage_layers/last_stage_layers (multiples of vpp, with pp > 1 \
+                 and pipeline_split='even') must leave a multiple of the middle stages, or \
+                 pipeline_split must count the embedding/loss so that the units divide \
+                 (pipeline_split='auto' takes layers off the first and last stages)"
+            }
             Invalid::EpExperts => "ep must divide num_experts",
             Invalid::EpDense => "ep must be 1 for a dense model",
             Invalid::EpDpCp => "ep must divide dp * cp (experts are sharded inside the data-parallel group)",

@@ -7,6 +7,7 @@
 pub mod estimate;
 pub mod grid;
 pub mod layout;
+pub mod pipeline;
 pub mod spec;
 
 pub use estimate::{
@@ -17,6 +18,7 @@ pub use grid::{estimate_grid, estimate_one, GridInput, GridTable};
 pub use layout::{
     ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
 };
+pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, LayerParams, ModelSpec, NormType};
 
 #[cfg(test)]

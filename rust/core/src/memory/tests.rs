@@ -490,8 +490,16 @@ proptest! {
         // that every pp divides), so stages differ in their layers as well as in flight.
         let deepseek = ModelSpec { num_layers: 64, first_dense_layers: first_dense, ..deepseek_v3() };
         let llama = ModelSpec { tied_embeddings: tied, ..llama_8b() };
-        for spec in [llama, mixtral(), deepseek] {
+        // And uneven stages: 61 layers split by the auto rule, 126 with explicit ends.
+        let deepseek_61 = ModelSpec { first_dense_layers: first_dense, ..deepseek_v3() };
+        let llama_126 = ModelSpec { num_layers: 126, ..llama_8b() };
+        let uneven = [(deepseek_61, 1.0, 0.0, 0.0), (llama_126, 0.0, 6.0, 8.0)];
+        let even = [llama, mixtral(), deepseek].map(|spec| (spec, 0.0, 0.0, 0.0));
+        for (spec, pipeline_split, first_stage_layers, last_stage_layers) in even.into_iter().chain(uneven) {
             let layout = Layout {
+                pipeline_split,
+                first_stage_layers: if pp > 1.0 { first_stage_layers } else { 0.0 },
+                last_stage_layers: if pp > 1.0 { last_stage_layers } else { 0.0 },
                 seq_len,
                 micro_batch: f64::from(mb),
                 dp,
@@ -591,5 +599,133 @@ fn each_field_check_names_its_field() {
             "{name}: {message}"
         );
         assert_eq!(check_field(field, -1.0).unwrap_err(), reason, "{name}");
+    }
+}
+
+#[test]
+fn pipeline_splits_of_published_layouts() {
+    // Llama 3.1 405B on 16 stages: one layer fewer on the first and the last stage
+    // (Dubey et al. 2024), which is Megatron's embedding-and-loss accounting.
+    let auto = StageLayers::new(126, 16, 1, PipelineSplit::Auto, 0, 0).unwrap();
+    let accounted = StageLayers::new(126, 16, 1, PipelineSplit::EmbeddingAndLoss, 0, 0).unwrap();
+    let explicit = StageLayers::new(126, 16, 1, PipelineSplit::Even, 7, 7).unwrap();
+    for split in [auto, accounted, explicit] {
+        let layers: Vec<u64> = (0..16).map(|i| split.stage_layers(i)).collect();
+        assert_eq!(layers, [vec![7], vec![8; 14], vec![7]].concat());
+    }
+    // 61 layers on 16 stages: 3 + 14 x 4 + 2 (Megatron-LM's Kimi-K2 configuration).
+    let deepseek = StageLayers::new(61, 16, 1, PipelineSplit::Auto, 0, 0).unwrap();
+    let layers: Vec<u64> = (0..16).map(|i| deepseek.stage_layers(i)).collect();
+    assert_eq!(layers, [vec![3], vec![4; 14], vec![2]].concat());
+    assert_eq!(deepseek.leading_layers_on(0, 3), 3);
+    assert_eq!(deepseek.leading_layers_on(1, 3), 0);
+    // Even splits need divisibility; so do the accounted units.
+    assert!(StageLayers::new(61, 16, 1, PipelineSplit::Even, 0, 0).is_none());
+    assert!(StageLayers::new(61, 16, 1, PipelineSplit::EmbeddingAndLoss, 0, 0).is_none());
+    assert!(StageLayers::new(126, 16, 1, PipelineSplit::Auto, 7, 7).is_none());
+    assert!(StageLayers::new(126, 1, 1, PipelineSplit::Even, 7, 0).is_none());
+    // Interleaving: explicit stage sizes must be multiples of vpp.
+    assert!(StageLayers::new(126, 16, 2, PipelineSplit::Even, 7, 7).is_none());
+    let interleaved = StageLayers::new(128, 16, 2, PipelineSplit::Even, 6, 10).unwrap();
+    assert_eq!(interleaved.chunk_layers(0, 1), 3);
+    assert_eq!(interleaved.chunk_layers(15, 0), 5);
+    assert_eq!(interleaved.stage_layers(7), 8);
+}
+
+/// Megatron-LM's `get_num_layers_to_build` and `get_transformer_layer_offset` for one
+/// virtual stage, transcribed (vpp given explicitly; `first`/`last` 0 when not set).
+fn megatron_chunk(
+    num_layers: u64,
+    pp: u64,
+    vpp: u64,
+    split: PipelineSplit,
+    (first, last): (u64, u64),
+    (stage, chunk): (u64, u64),
+) -> (u64, u64) {
+    let (is_first, is_last) = (stage == 0, stage == pp - 1);
+    let (embedding, loss) = match split {
+        PipelineSplit::Embedding => (true, false),
+        PipelineSplit::Loss => (false, true),
+        PipelineSplit::EmbeddingAndLoss => (true, true),
+        _ => (false, false),
+    };
+    if first > 0 || last > 0 {
+        let middle_stages = pp - u64::from(first > 0) - u64::from(last > 0);
+        let middle_layers = num_layers - first - last;
+        let per_stage = if is_first && first > 0 {
+            first
+        } else if is_last && last > 0 {
+            last
+        } else {
+            middle_layers.checked_div(middle_stages).unwrap_or(0)
+        };
+        let (f, l, m) = (first / vpp, last / vpp, middle_layers / vpp);
+        let middle_rank = if first > 0 {
+            stage.saturating_sub(1)
+        } else {
+            stage
+        };
+        let offset = if stage == 0 {
+            chunk * (f + m + l)
+        } else {
+            chunk * (f + m + l) + f + middle_rank * (m / middle_stages)
+        };
+        return (per_stage / vpp, offset);
+    }
+    let units = num_layers + u64::from(embedding) + u64::from(loss);
+    let per_chunk = units / pp / vpp;
+    let mut count = per_chunk;
+    if embedding && is_first && chunk == 0 {
+        count -= 1;
+    }
+    if loss && is_last && chunk == vpp - 1 {
+        count -= 1;
+    }
+    let mut offset = (chunk * pp + stage) * per_chunk;
+    if embedding && (stage, chunk) != (0, 0) {
+        offset -= 1;
+    }
+    (count, offset)
+}
+
+proptest! {
+    #[test]
+    fn pipeline_splits_agree_with_megatron(
+        num_layers in 1u64..140,
+        pp in 1u64..17,
+        vpp in 1u64..4,
+        split in 0u8..5,
+        first in 0u64..12,
+        last in 0u64..12,
+        leading in 0u64..8,
+    ) {
+        let split = PipelineSplit::from_code(f64::from(split)).unwrap();
+        let Some(stages) = StageLayers::new(num_layers, pp, vpp, split, first, last) else {
+            return Ok(());
+        };
+        let mut next_layer = 0;
+        for virtual_stage in 0..pp * vpp {
+            let (stage, chunk) = (virtual_stage % pp, virtual_stage / pp);
+            let count = stages.chunk_layers(stage, chunk);
+            if split != PipelineSplit::Auto {
+                let reference = megatron_chunk(num_layers, pp, vpp, split, (first, last), (stage, chunk));
+                prop_assert_eq!((count, next_layer), reference, "stage {} chunk {}", stage, chunk);
+            }
+            next_layer += count;
+        }
+        prop_assert_eq!(next_layer, num_layers);
+        let total: u64 = (0..pp).map(|i| stages.stage_layers(i)).sum();
+        prop_assert_eq!(total, num_layers);
+        let leading_total: u64 = (0..pp).map(|i| stages.leading_layers_on(i, leading)).sum();
+        prop_assert_eq!(leading_total, leading.min(num_layers));
+        if split == PipelineSplit::Auto {
+            // Auto never gives the first or last stage more layers than a middle one, and
+            // is the even split whenever that exists.
+            let most = (0..pp).map(|i| stages.stage_layers(i)).max().unwrap();
+            prop_assert!(stages.stage_layers(0) <= most && stages.stage_layers(pp - 1) <= most);
+            if num_layers % (pp * vpp) == 0 {
+                prop_assert!((0..pp).all(|i| stages.stage_layers(i) == num_layers / pp));
+            }
+        }
     }
 }
