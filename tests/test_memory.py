@@ -340,6 +340,33 @@ def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
         max_micro_batch_tokens(LLAMA_8B, memory, seq_len=4096)
 
 
+def test_context_parallel_padding_matches_the_packed_layout() -> None:
+    # Load-balanced CP pads every sequence to a multiple of 2 * cp: 4097 tokens on cp = 4
+    # cost what 4104 do, and a length that 2 * cp does not divide is no longer refused.
+    cp4 = {"cp": 4, "dp": 2, "zero": 1}
+    assert (
+        estimate_memory(LLAMA_8B, seq_len=4097, **cp4).total
+        == estimate_memory(LLAMA_8B, seq_len=4104, **cp4).total
+        > estimate_memory(LLAMA_8B, seq_len=4096, **cp4).total
+    )
+    assert estimate_memory(LLAMA_8B, seq_len=4096, cp=3).activations > 0
+    budget = max_micro_batch_tokens(LLAMA_8B, 80e9, multiple_of=128, **cp4)
+    assert budget > 0
+    assert budget % 128 == 0
+    assert estimate_memory(LLAMA_8B, seq_len=budget, **cp4).total <= 80e9
+    assert estimate_memory(LLAMA_8B, seq_len=budget + 128, **cp4).total > 80e9
+    assert max_micro_batch_tokens(LLAMA_8B, 80e9, multiple_of=5, cp=3) % 30 == 0
+    # The packer charges each document its length rounded up to 2 * cp, so every row of a
+    # packing at this budget, padding included, fits the budget the estimate was made for.
+    lengths = np.random.default_rng(0).integers(1, budget, 2000)
+    packing = tokenbatch.pack(lengths, budget, pad_to_multiple_of=8)
+    padded = -(-packing.lengths // 8) * 8
+    rows = np.add.reduceat(padded, packing.bin_offsets[:-1])
+    assert rows.max() <= budget
+    longest = estimate_memory(LLAMA_8B, seq_len=int(rows.max()), **cp4)
+    assert longest.total <= estimate_memory(LLAMA_8B, seq_len=budget, **cp4).total
+
+
 def test_plan_ranks_plain_data_parallelism_first_for_a_small_model() -> None:
     layouts = plan(
         ModelSpec.preset("llama-3.2-1b"),

@@ -301,6 +301,14 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     (or ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s
     probabilities), ``fused_swiglu=False`` and ``overhead_bytes=0``.
 
+    Context parallelism: with ``cp > 1`` each sequence is padded to a multiple of ``2 * cp``
+    and split over the ``cp`` ranks in load-balanced chunks (Transformer Engine's and
+    Megatron's convention), so every rank holds ``micro_batch * ceil(seq_len / (2 cp)) * 2``
+    tokens. ``seq_len`` is the length of a row: for a packed row built with
+    ``pad_to_multiple_of=2 * cp`` (each document charged its padded length), the budget
+    ``max_tokens`` already includes every document's padding, and the estimate at
+    ``seq_len=max_tokens`` bounds any row whatever its document lengths.
+
     Pipeline stages (Megatron-LM's rules): ``pipeline_split="even"`` gives every stage
     ``num_layers / pp`` layers; ``first_stage_layers`` and/or ``last_stage_layers`` (with
     ``"even"``) fix those stages and split the rest evenly; ``"embedding"``, ``"loss"`` and
@@ -445,15 +453,21 @@ def max_micro_batch_tokens(
     The micro-batch is one packed row of ``tokens`` tokens (``micro_batch=1``,
     ``seq_len=tokens``), as the sampler's ``max_tokens`` produces with padding-free
     attention. ``layout`` takes the options of :func:`estimate_memory` except ``seq_len``
-    and ``micro_batch``. The result is a multiple of ``multiple_of`` (and of ``cp``); 0
-    when not even that many tokens fit.
+    and ``micro_batch``. The result is a multiple of ``multiple_of``, and with context
+    parallelism (``cp > 1``) of ``2 * cp``; 0 when not even that many tokens fit.
+
+    With ``cp > 1`` pack with ``pad_to_multiple_of=2 * cp``: the packer then charges every
+    document its length rounded up to a multiple of ``2 * cp``, as load-balanced context
+    parallelism pads it, so a row never holds more than the budget, padding included, and
+    the estimate of a ``budget``-token row bounds it whatever the document lengths.
     """
     for name in ("seq_len", "micro_batch"):
         if name in layout:
             raise InvalidTypeError(f"{name} is set by max_micro_batch_tokens; do not pass it")
     step = as_int(multiple_of, "multiple_of", minimum=1)
     cp = as_int(layout.get("cp", 1), "cp", minimum=1)
-    step = step * cp // math.gcd(step, cp)
+    if cp > 1:
+        step = math.lcm(step, 2 * cp)
     if not (isinstance(gpu_memory, (int, float)) and math.isfinite(gpu_memory) and gpu_memory > 0):
         raise InvalidValueError(
             f"gpu_memory must be a positive number of bytes, got {gpu_memory!r}"

@@ -20,7 +20,8 @@
 //!
 //! # Activations
 //! Bytes saved for backward per token of a micro-batch (`micro_batch * seq_len / cp` tokens
-//! per GPU), per layer, times the layers and micro-batches in flight on the stage:
+//! per GPU, each sequence padded to a multiple of `2 * cp` when `cp > 1`, as load-balanced
+//! context parallelism needs), per layer, times the layers and micro-batches in flight on the stage:
 //! 1F1B keeps `min(m, pp - i)` micro-batches on stage `i` (Narayanan et al. 2021); the
 //! interleaved schedule with `vpp` chunks keeps `min(m * vpp, 2 (pp - i - 1) + (vpp - 1) pp + 1)`
 //! chunks, which on stage 0 is Megatron's `pp * (1 + (pp - 1) / (pp * vpp))` stage
@@ -303,10 +304,18 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
     if !divides(l.ep, (l.dp * l.cp) as u64) {
         return Err(Invalid::EpDpCp);
     }
-    if !divides(l.cp, l.seq_len as u64) {
-        return Err(Invalid::CpSeqLen);
-    }
     Ok(stages)
+}
+
+/// Tokens of a `seq_len`-token sequence on each of `cp` context-parallel ranks: with load
+/// balancing, a sequence is padded to a multiple of `2 * cp` and cut into `2 * cp` chunks,
+/// two per rank (Transformer Engine's and Megatron's convention).
+fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
+    if cp == 1.0 {
+        seq_len
+    } else {
+        ceil(seq_len / (2.0 * cp)) * 2.0
+    }
 }
 
 /// Activation bytes per local token of one layer, by block.
@@ -494,11 +503,11 @@ impl<'a> Config<'a> {
             t,
             rep: if sp { t } else { 1.0 },
             kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
-            key_len: l.seq_len / l.cp,
+            key_len: cp_rank_tokens(l.seq_len, l.cp),
             eager: l.attention == 1.0,
             fused: l.fused_swiglu == 1.0,
         };
-        let tokens = l.micro_batch * l.seq_len / l.cp;
+        let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let h = spec.hidden_size as f64;
         let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
 

@@ -244,11 +244,10 @@ pub enum Invalid {
     EpExperts,
     EpDense,
     EpDpCp,
-    CpSeqLen,
 }
 
 /// Every invalid reason, in code order (code = index + 1).
-pub const INVALID_REASONS: [Invalid; 27] = [
+pub const INVALID_REASONS: [Invalid; 26] = [
     Invalid::SeqLen,
     Invalid::MicroBatch,
     Invalid::Dp,
@@ -275,7 +274,6 @@ pub const INVALID_REASONS: [Invalid; 27] = [
     Invalid::EpExperts,
     Invalid::EpDense,
     Invalid::EpDpCp,
-    Invalid::CpSeqLen,
 ];
 
 impl Invalid {
@@ -329,7 +327,6 @@ impl Invalid {
             Invalid::EpExperts => "ep must divide num_experts",
             Invalid::EpDense => "ep must be 1 for a dense model",
             Invalid::EpDpCp => "ep must divide dp * cp (experts are sharded inside the data-parallel group)",
-            Invalid::CpSeqLen => "cp must divide seq_len",
         }
     }
 }

@@ -296,7 +296,6 @@ fn invalid_configurations_report_a_reason() {
         },
         Invalid::Bytes,
     );
-    check(Layout { cp: 3.0, ..base }, Invalid::CpSeqLen);
     let moe = mixtral();
     let layout = Layout {
         ep: 4.0,
@@ -317,6 +316,30 @@ fn invalid_configurations_report_a_reason() {
         assert_eq!(usize::from(reason.code()), i + 1);
         assert!(!reason.message().is_empty());
     }
+}
+
+#[test]
+fn context_parallel_ranks_hold_sequences_padded_to_twice_cp() {
+    // Load-balanced CP pads each sequence to a multiple of 2 cp: 4097 tokens on 4 ranks
+    // become 4104, 1026 per rank, the same as a 4104-token sequence.
+    let spec = llama_8b();
+    let at = |seq_len: f64, cp: f64| {
+        one(
+            &spec,
+            &Layout {
+                seq_len,
+                cp,
+                ..Layout::default()
+            },
+        )
+    };
+    assert_eq!(at(4097.0, 4.0).activations, at(4104.0, 4.0).activations);
+    assert!(at(4096.0, 4.0).activations < at(4097.0, 4.0).activations);
+    // cp = 3 pads 4096 to 4098: 1366 tokens per rank.
+    let per_token = at(1.0, 1.0).act_mlp;
+    assert_eq!(at(4096.0, 3.0).act_mlp, 1366.0 * per_token);
+    // No padding without CP.
+    assert_eq!(at(4097.0, 1.0).act_mlp, 4097.0 * per_token);
 }
 
 #[test]
