@@ -39,7 +39,7 @@ LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
         ("llama-3.1-405b", 405_853_388_800, 405_853_388_800),
         ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),
         ("qwen2.5-7b", 7_615_616_512, 7_615_616_512),
-        ("deepseek-v3", 671_026_419_200, 37_552_297_472),
+        ("deepseek-v3", 671_026_404_352, 37_552_282_624),
         ("gpt3-175b", 174_604_259_328, 174_604_259_328),
     ],
 )
@@ -101,7 +101,7 @@ def test_from_hf_config_reads_dicts_files_and_directories(tmp_path: Path) -> Non
         "vocab_size": 129280,
         "topk_method": "noaux_tc",
     }
-    assert ModelSpec.from_hf_config(deepseek).num_params() == 671_026_419_200
+    assert ModelSpec.from_hf_config(deepseek).num_params() == 671_026_404_352
     with pytest.raises(InvalidValueError, match="model_type"):
         ModelSpec.from_hf_config({**LLAMA_CONFIG, "model_type": "bert"})
     incomplete = {k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"}

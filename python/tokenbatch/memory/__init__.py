@@ -12,7 +12,7 @@ from tokenbatch.memory.estimate import (
     max_micro_batch_tokens,
 )
 from tokenbatch.memory.planner import PlannedLayout, plan
-from tokenbatch.memory.profiling import ProfileResult, profile
+from tokenbatch.memory.profiling import ProfileResult, master_weight_adamw, profile
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "ProfileResult",
     "estimate_memory",
     "estimate_memory_grid",
+    "master_weight_adamw",
     "max_micro_batch_tokens",
     "plan",
     "profile",

@@ -258,6 +258,13 @@ class MemoryEstimate:
         """Weights, gradients and optimizer state."""
         return self.params + self.grads + self.optimizer
 
+    @property
+    def saved_activations(self) -> int:
+        """Activations saved for backward when the forward passes end: ``activations``
+        without the transient ``working`` set of full recomputation. This is what
+        :func:`~tokenbatch.profile` measures (``ProfileResult.activations``)."""
+        return self.activations - self.activation_parts["working"]
+
     def fits(self, gpu_memory: float) -> bool:
         """Whether ``total`` is at most ``gpu_memory`` bytes."""
         return self.total <= gpu_memory

@@ -12,10 +12,11 @@ from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["PRESETS", "FfnType", "ModelSpec", "NormType"]
+__all__ = ["PRESETS", "FfnType", "Implementation", "ModelSpec", "NormType"]
 
 FfnType = Literal["swiglu", "gelu"]
 NormType = Literal["rmsnorm", "layernorm"]
+Implementation = Literal["hf", "fused"]
 
 _INT_FIELDS = (
     "hidden_size",
@@ -48,6 +49,14 @@ class ModelSpec:
     ``num_shared_experts``, ``moe_ffn_size`` (inner size of one expert) and
     ``first_dense_layers`` (leading layers with a dense MLP of ``ffn_size``). Multi-head
     latent attention (DeepSeek-V2/V3) sets ``kv_lora_rank`` > 0 and the head dimensions.
+    ``router_bias`` marks sigmoid routing with a per-expert correction bias (DeepSeek-V3);
+    the bias is a buffer, not a parameter.
+
+    ``implementation`` says whose kernels run the model, which decides what is saved for
+    backward: ``"hf"`` (default) for Hugging Face ``transformers``' PyTorch modules (RMSNorm
+    keeps an fp32 copy of its input, DeepSeek-V3's router runs in fp32, grouped-GEMM
+    experts), ``"fused"`` for fused kernels as in Megatron-Core with Transformer Engine
+    (norms keep only their input and fp32 statistics). docs/memory.md lists each tensor.
 
     Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
     ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`
@@ -78,6 +87,7 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    implementation: Implementation = "hf"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -103,6 +113,10 @@ class ModelSpec:
                 raise InvalidTypeError(f"{field} must be a bool, got {getattr(self, field)!r}")
         if self.ffn_type not in ("swiglu", "gelu"):
             raise InvalidValueError(f"ffn_type must be 'swiglu' or 'gelu', got {self.ffn_type!r}")
+        if self.implementation not in ("hf", "fused"):
+            raise InvalidValueError(
+                f"implementation must be 'hf' or 'fused', got {self.implementation!r}"
+            )
         if self.norm not in ("rmsnorm", "layernorm"):
             raise InvalidValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
         if self.num_heads % self.kv_heads != 0:

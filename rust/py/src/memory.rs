@@ -3,7 +3,8 @@
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, ModelSpec, NormType, INVALID_REASONS, LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, ModelSpec, NormType, INVALID_REASONS, LAYOUT_FIELDS,
+    OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -38,6 +39,7 @@ struct SpecDict {
     qk_nope_head_dim: u64,
     qk_rope_head_dim: u64,
     v_head_dim: u64,
+    implementation: String,
 }
 
 impl SpecDict {
@@ -67,6 +69,7 @@ impl SpecDict {
             qk_nope_head_dim: self.qk_nope_head_dim,
             qk_rope_head_dim: self.qk_rope_head_dim,
             v_head_dim: self.v_head_dim,
+            implementation: Implementation::parse(&self.implementation)?,
         })
     }
 }

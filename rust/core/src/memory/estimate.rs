@@ -35,19 +35,16 @@
 //! MLP, LayerNorm, dropout, 16-bit activations); applied to other shapes it reproduces
 //! published estimates such as the Ultra-Scale Playbook's, not the real allocation.
 //!
-//! `modern`: the tensors a pre-norm block keeps with fused norm kernels (input plus fp32
-//! statistics), flash attention (q, k, v, output and the fp32 log-sum-exp; GQA keys and
-//! values unexpanded), no dropout, an element-wise SwiGLU (gate, up, silu(gate) and
-//! their product; 3 tensors when fused), top-k routing (router probabilities in fp32,
-//! top-k indices and weights; per chosen expert the gathered input, the expert output
-//! and the weighted output kept by the scatter-add) and fp32 logits for the loss. Selective recomputation recomputes the attention core and the
-//! MLP activation function (Megatron-Core `recompute_modules = core_attn, mlp activation`);
-//! full recomputation keeps each layer's input and needs one layer's activations while it
+//! `modern`: the tensors today's blocks save, listed in [`crate::memory::activations`],
+//! for Hugging Face's modules or fused kernels (the spec's `implementation`); the head
+//! keeps the final norm, its output and the logits in `logits_bytes` for the loss.
+//! Full recomputation keeps each layer's input and needs one layer's activations while it
 //! recomputes (Chen et al. 2016).
 
+use crate::memory::activations::{ActCtx, Activations, LayerActs};
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
-use crate::memory::spec::{FfnType, LayerParams, ModelSpec, NormType};
+use crate::memory::spec::{LayerParams, ModelSpec};
 
 /// Names of the output columns, in [`Breakdown::to_values`] order.
 pub const OUTPUT_FIELDS: [&str; 15] = [
@@ -132,7 +129,6 @@ pub struct Prepared {
     embedding: f64,
     positions: f64,
     final_norm: f64,
-    norm_stat_bytes: f64,
 }
 
 impl Prepared {
@@ -147,10 +143,6 @@ impl Prepared {
             embedding,
             positions,
             final_norm,
-            norm_stat_bytes: match spec.norm {
-                NormType::RmsNorm => 4.0,
-                NormType::LayerNorm => 8.0,
-            },
         }
     }
 
@@ -318,107 +310,6 @@ fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
     }
 }
 
-/// Activation bytes per local token of one layer, by block.
-#[derive(Debug, Clone, Copy, Default)]
-struct LayerActs {
-    attention: f64,
-    mlp: f64,
-    norm: f64,
-}
-
-impl LayerActs {
-    fn total(&self) -> f64 {
-        self.attention + self.mlp + self.norm
-    }
-}
-
-/// Per-configuration constants of the activation formulas.
-struct ActCtx {
-    e: f64,
-    t: f64,
-    /// Divisor of tensors on the residual stream: `tp` with sequence parallelism, else 1.
-    rep: f64,
-    kv_per_rank: f64,
-    key_len: f64,
-    eager: bool,
-    fused: bool,
-}
-
-impl Prepared {
-    fn mlp_inner(&self, ffn: f64, c: &ActCtx, selective: bool) -> f64 {
-        let tensors = match (self.spec.ffn_type, selective, c.fused) {
-            (FfnType::SwiGlu, true, _) => 2.0,
-            (FfnType::SwiGlu, false, true) => 3.0,
-            (FfnType::SwiGlu, false, false) => 4.0,
-            (FfnType::Gelu, true, _) => 1.0,
-            (FfnType::Gelu, false, _) => 2.0,
-        };
-        tensors * c.e * ffn / c.t
-    }
-
-    fn modern_layer(&self, c: &ActCtx, moe: bool, selective: bool) -> LayerActs {
-        let s = &self.spec;
-        let e = c.e;
-        let h_rep = e * s.hidden_size as f64 / c.rep;
-        let a = s.num_heads as f64 / c.t;
-        let dq = s.qk_head_dim() as f64;
-        let dv = s.v_dim() as f64;
-        let core = if selective {
-            0.0
-        } else if c.eager {
-            e * a * c.key_len
-        } else {
-            4.0 * a
-        };
-        let mut attention = h_rep + core + e * a * (dq + dv);
-        if s.is_mla() {
-            let stat = 4.0 / c.rep;
-            let q_path = if s.q_lora_rank > 0 {
-                2.0 * e * s.q_lora_rank as f64 / c.rep + stat
-            } else {
-                0.0
-            };
-            let kv_path = 2.0 * e * s.kv_lora_rank as f64 / c.rep
-                + stat
-                + e * s.qk_rope_head_dim as f64 / c.rep;
-            attention += q_path + kv_path + e * a * (dq + dv);
-        } else {
-            attention += e * c.kv_per_rank * (dq + dv);
-        }
-        let norm = 2.0 * (h_rep + self.norm_stat_bytes / c.rep);
-        let mlp = if moe {
-            let k = s.top_k as f64;
-            let routed = k * (3.0 * h_rep + self.mlp_inner(s.moe_ffn_size as f64, c, selective));
-            let shared =
-                self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64, c, selective);
-            let router = (4.0 * s.num_experts as f64 + 32.0 * k) / c.rep;
-            h_rep + router + routed + shared
-        } else {
-            h_rep + self.mlp_inner(s.ffn_size as f64, c, selective)
-        };
-        LayerActs {
-            attention,
-            mlp,
-            norm,
-        }
-    }
-
-    fn korthikanti_layer(&self, c: &ActCtx, selective: bool) -> LayerActs {
-        let s = &self.spec;
-        let h = s.hidden_size as f64;
-        let scores = if selective {
-            0.0
-        } else {
-            5.0 * s.num_heads as f64 * c.key_len / c.t
-        };
-        LayerActs {
-            attention: 3.0 * h / c.rep + 8.0 * h / c.t + scores,
-            mlp: 3.0 * h / c.rep + 16.0 * h / c.t,
-            norm: 4.0 * h / c.rep,
-        }
-    }
-}
-
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
     check_fields(l)?;
@@ -477,6 +368,10 @@ struct Config<'a> {
     tokens: f64,
     dense_acts: LayerActs,
     moe_acts: LayerActs,
+    /// Bytes per micro-batch of an MoE layer that do not scale with tokens.
+    moe_fixed: f64,
+    /// Rotary tables kept per micro-batch (shared by the layers).
+    rotary_per_mb: f64,
     checkpoint: f64,
     working: f64,
     embedding_per_mb: f64,
@@ -505,52 +400,61 @@ impl<'a> Config<'a> {
             kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
             key_len: cp_rank_tokens(l.seq_len, l.cp),
             eager: l.attention == 1.0,
-            fused: l.fused_swiglu == 1.0,
+            fused_swiglu: l.fused_swiglu == 1.0,
+            selective,
+            param_bytes: l.param_bytes,
         };
         let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let h = spec.hidden_size as f64;
         let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
+        let acts = Activations::new(spec, c);
 
-        // Per-layer activations per token: what a layer keeps, and its full set (working set).
-        let (dense_acts, moe_acts) = if korthikanti {
-            let kept = prep.korthikanti_layer(&c, selective);
-            (kept, kept)
-        } else if spec.is_moe() {
-            (
-                prep.modern_layer(&c, false, selective),
-                prep.modern_layer(&c, true, selective),
-            )
-        } else {
-            let kept = prep.modern_layer(&c, false, selective);
-            (kept, kept)
+        // Per-layer activations per token (and per micro-batch for what does not scale with
+        // tokens) of dense and MoE layers, and a layer's full set (the working set of full
+        // recomputation, which rebuilds one layer with nothing recomputed away).
+        let kept = |moe: bool| {
+            if korthikanti {
+                (acts.korthikanti_layer(), 0.0)
+            } else {
+                acts.layer(moe)
+            }
         };
-        let checkpoint = if korthikanti {
-            2.0 * h / c.rep
+        let (dense_acts, _) = kept(false);
+        let (moe_acts, moe_fixed) = if spec.is_moe() {
+            kept(true)
         } else {
-            c.e * h / c.rep
+            (dense_acts, 0.0)
         };
+        let checkpoint = if korthikanti { 2.0 * h } else { c.e * h } / c.rep;
         let working = if recompute != Recompute::Full || korthikanti {
             0.0
-        } else if spec.is_moe() {
-            let moe = prep.modern_layer(&c, true, false).total();
-            let dense = if spec.first_dense_layers > 0 {
-                prep.modern_layer(&c, false, false).total()
-            } else {
-                0.0
-            };
-            tokens * dense.max(moe)
         } else {
-            tokens * prep.modern_layer(&c, false, false).total()
+            let full = Activations::new(
+                spec,
+                ActCtx {
+                    selective: false,
+                    ..c
+                },
+            );
+            let layer = |moe: bool| {
+                let (per_token, fixed) = full.layer(moe);
+                tokens * per_token.total() + fixed
+            };
+            let has_dense = !spec.is_moe() || spec.first_dense_layers > 0;
+            let dense = if has_dense { layer(false) } else { 0.0 };
+            let moe = if spec.is_moe() { layer(true) } else { 0.0 };
+            dense.max(moe)
         };
         let embedding_per_mb = if korthikanti { h / c.rep } else { 8.0 } * tokens;
+        let rotary_per_mb = if korthikanti || recompute == Recompute::Full {
+            0.0
+        } else {
+            acts.rotary_tables(c.key_len)
+        };
         let logits_per_mb = if korthikanti {
             0.0
         } else {
-            tokens
-                * (2.0 * c.e * h / c.rep
-                    + prep.norm_stat_bytes / c.rep
-                    + l.logits_bytes * spec.vocab_size as f64 / t
-                    + 8.0)
+            tokens * (acts.head() + l.logits_bytes * spec.vocab_size as f64 / t + 8.0)
         };
         let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
         let dense_group = l.dp * l.cp;
@@ -563,6 +467,8 @@ impl<'a> Config<'a> {
             tokens,
             dense_acts,
             moe_acts,
+            moe_fixed,
+            rotary_per_mb,
             checkpoint,
             working,
             embedding_per_mb,
@@ -658,8 +564,10 @@ impl<'a> Config<'a> {
             act_checkpoints = layer_tokens * (n_dense + n_moe) * self.checkpoint;
         } else {
             let (d, e) = (&self.dense_acts, &self.moe_acts);
-            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention);
-            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp);
+            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention)
+                + in_flight * self.rotary_per_mb;
+            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp)
+                + in_flight * n_moe * self.moe_fixed;
             act_norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
         }
         let act_embedding = if first {

@@ -4,6 +4,7 @@
 //!
 //! Formulas and their sources are documented in [`estimate`]; parameter counts in [`spec`].
 
+pub mod activations;
 pub mod estimate;
 pub mod grid;
 pub mod layout;
@@ -19,7 +20,7 @@ pub use layout::{
     ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
 };
 pub use pipeline::{PipelineSplit, StageLayers};
-pub use spec::{FfnType, LayerParams, ModelSpec, NormType};
+pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, NormType};
 
 #[cfg(test)]
 mod tests;

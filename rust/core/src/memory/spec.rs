@@ -51,6 +51,31 @@ impl NormType {
     }
 }
 
+/// Whose kernels run the model: what is saved for backward differs between code bases
+/// (see [`crate::memory::activations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implementation {
+    /// Hugging Face `transformers`' PyTorch modules (norms that upcast to fp32, an fp32
+    /// sigmoid router, grouped-GEMM experts after a sort by expert).
+    Hf,
+    /// Fused kernels as Megatron-Core with Transformer Engine runs them (norms that keep
+    /// only their input and fp32 statistics).
+    Fused,
+}
+
+impl Implementation {
+    /// Parse `"hf"` or `"fused"`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "hf" => Ok(Implementation::Hf),
+            "fused" => Ok(Implementation::Fused),
+            other => Err(Error::invalid(format!(
+                "implementation must be 'hf' or 'fused', got {other:?}"
+            ))),
+        }
+    }
+}
+
 /// Shape of a decoder-only transformer. Sizes are counts of elements, not bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
@@ -78,7 +103,9 @@ pub struct ModelSpec {
     pub moe_ffn_size: u64,
     /// Leading layers that keep a dense MLP (DeepSeek-V3: 3).
     pub first_dense_layers: u64,
-    /// A learned per-expert routing bias (DeepSeek-V3's `e_score_correction_bias`).
+    /// Sigmoid routing with a per-expert correction bias (DeepSeek-V3's
+    /// `e_score_correction_bias`). The bias is a buffer, updated by the load-balancing rule
+    /// rather than by gradients, so it is not a parameter.
     pub router_bias: bool,
     /// Multi-head latent attention (DeepSeek): 0 means a full-rank query projection.
     pub q_lora_rank: u64,
@@ -87,6 +114,8 @@ pub struct ModelSpec {
     pub qk_nope_head_dim: u64,
     pub qk_rope_head_dim: u64,
     pub v_head_dim: u64,
+    /// Whose kernels run the model.
+    pub implementation: Implementation,
 }
 
 /// Parameters of one layer, split by how model parallelism shards them.
@@ -272,7 +301,7 @@ impl ModelSpec {
         if self.is_moe() && index >= self.first_dense_layers {
             let e = self.num_experts as f64;
             let h = self.hidden_size as f64;
-            params.replicated += h * e + if self.router_bias { e } else { 0.0 };
+            params.replicated += h * e;
             params.tp_split += self.num_shared_experts as f64 * self.mlp_params(self.moe_ffn_size);
             let routed = if active { self.top_k as f64 } else { e };
             params.experts += routed * self.mlp_params(self.moe_ffn_size);

@@ -28,6 +28,7 @@ fn llama(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64) -> ModelSpec {
         qk_nope_head_dim: 0,
         qk_rope_head_dim: 0,
         v_head_dim: 0,
+        implementation: Implementation::Fused,
     }
 }
 
@@ -88,9 +89,10 @@ fn exact_parameter_counts() {
     );
     assert_eq!(mixtral().total_params(), 46_702_792_704.0);
     assert_eq!(mixtral().active_params(), 12_879_925_248.0);
-    // DeepSeek-V3 without its multi-token-prediction module: "671B total, 37B activated".
+    // DeepSeek-V3 without its multi-token-prediction module: "671B total, 37B activated"
+    // (the routing correction bias is a buffer, not a parameter).
     let ds = deepseek_v3();
-    assert_eq!(ds.total_params(), 671_026_419_200.0);
+    assert_eq!(ds.total_params(), 671_026_404_352.0);
     assert!((ds.active_params() / 1e9 - 37.55).abs() < 0.01);
 }
 
@@ -256,6 +258,28 @@ fn modern_layer_counts_every_saved_tensor() {
     assert_eq!(b.act_mlp, 32.0 * (2.0 * h + 8.0 * 14336.0));
     assert_eq!(b.act_logits, 4.0 * h + 4.0 + 4.0 * 128_256.0 + 8.0);
     assert_eq!(b.act_embedding, 8.0);
+}
+
+#[test]
+fn hf_norms_keep_an_fp32_copy_of_their_input() {
+    // Hugging Face's RMSNorm keeps the fp32 upcast input (4h), the fp32 statistic and the
+    // normalized tensor cast back (2h): 4h more per norm than a fused kernel.
+    let fused = llama_8b();
+    let hf = ModelSpec {
+        implementation: Implementation::Hf,
+        ..llama_8b()
+    };
+    let layout = Layout {
+        seq_len: 1.0,
+        ..Layout::default()
+    };
+    let (f, h) = (one(&fused, &layout), one(&hf, &layout));
+    let width = 4096.0;
+    assert_eq!(h.act_norm - f.act_norm, 32.0 * 2.0 * 4.0 * width);
+    assert_eq!(h.act_logits - f.act_logits, 4.0 * width);
+    assert_eq!(h.act_mlp, f.act_mlp);
+    // The cos and sin tables of every position: 2 x 128 head dims x 2 bytes.
+    assert_eq!(h.act_attention - f.act_attention, 2.0 * 128.0 * 2.0);
 }
 
 #[test]
