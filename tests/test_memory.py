@@ -26,6 +26,7 @@ from tokenbatch import (
 )
 from tokenbatch.cli import main
 from tokenbatch.cli.memory_command import parse_size
+from tokenbatch.memory import estimate_memory_stages
 
 GIB = 1024**3
 LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
@@ -257,6 +258,16 @@ def test_uneven_pipeline_stages_express_the_published_layouts() -> None:
     )
     assert auto.to_dict() == explicit.to_dict()
     assert auto.layers == {0: 3, 15: 2}.get(auto.stage, 4)
+    stages = estimate_memory_stages(
+        deepseek, seq_len=4096, pp=16, dp=128, ep=64, pipeline_split="auto"
+    )
+    assert [x.layers for x in stages] == [3] + [4] * 14 + [2]
+    assert [x.stage for x in stages] == list(range(16))
+    busiest = max(stages, key=lambda x: x.total)
+    assert busiest.to_dict() == auto.to_dict()
+    assert stages[0].params > stages[1].params  # the embedding
+    with pytest.raises(InvalidValueError, match="layers do not split"):
+        estimate_memory_stages(deepseek, seq_len=4096, pp=16)
     assert f"holding {auto.layers} of 61 layers" in auto.explanation()
     # Llama 3.1 405B on 16 stages: one layer fewer on the first and last (126 = 7 + 14 x 8 + 7).
     llama = ModelSpec.preset("llama-3.1-405b")

@@ -3,6 +3,7 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
+from collections.abc import Sequence
 from typing import final
 
 import numpy as np
@@ -18,6 +19,7 @@ __all__ = [
     "memory_fields",
     "memory_grid",
     "memory_param_counts",
+    "memory_stages",
     "pack",
     "set_num_threads",
 ]
@@ -105,6 +107,9 @@ def memory_grid(
     inputs: list[tuple[npt.NDArray[np.float64], list[int]]],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
 def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
+def memory_stages(
+    spec: dict[str, object], layout: Sequence[float]
+) -> tuple[npt.NDArray[np.float64], int]: ...
 
 # --- threads -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from tokenbatch.memory.estimate import (
     MemoryGrid,
     estimate_memory,
     estimate_memory_grid,
+    estimate_memory_stages,
     max_micro_batch_tokens,
 )
 from tokenbatch.memory.planner import PlannedLayout, plan
@@ -26,6 +27,7 @@ __all__ = [
     "ProfileResult",
     "estimate_memory",
     "estimate_memory_grid",
+    "estimate_memory_stages",
     "master_weight_adamw",
     "max_micro_batch_tokens",
     "plan",

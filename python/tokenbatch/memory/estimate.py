@@ -28,6 +28,7 @@ __all__ = [
     "MemoryGrid",
     "estimate_memory",
     "estimate_memory_grid",
+    "estimate_memory_stages",
     "max_micro_batch_tokens",
 ]
 
@@ -328,20 +329,53 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     layout does not fit the model (``tp`` not dividing the heads, ``pp`` not dividing the
     layers, ``zero`` > 3, negative or NaN values...).
     """
-    for name, value in (("seq_len", seq_len), *options.items()):
-        if np.ndim(value) != 0:
-            raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
-    fields = _layout_inputs({"seq_len": seq_len, **options}, strict=True)
+    fields = _scalar_fields(seq_len, options)
     _, table, reasons = _run_grid(spec, fields)
-    inputs = {name: float(array.reshape(-1)[0]) for name, array in fields.items()}
-    values = dict(zip(OUTPUT_FIELDS, table[:, 0].tolist(), strict=True))
     reason = int(reasons.reshape(-1)[0])
     if reason:
         raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+    return _estimate_from_row(spec, seq_len, options, fields, table[:, 0])
+
+
+def estimate_memory_stages(
+    spec: ModelSpec, *, seq_len: int, **options: Any
+) -> list[MemoryEstimate]:
+    """The estimate of every pipeline stage, first to last.
+
+    Takes the options of :func:`estimate_memory`, which reports the busiest of these
+    stages. Useful with uneven stages, where the first and last stages hold fewer layers
+    than the others and the busiest stage is not obvious.
+    """
+    if not isinstance(spec, ModelSpec):
+        raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    fields = _scalar_fields(seq_len, options)
+    values = [float(array.reshape(-1)[0]) for array in fields.values()]
+    flat, reason = _core.memory_stages(spec.to_dict(), values)
+    if reason:
+        raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+    rows = flat.reshape(-1, len(OUTPUT_FIELDS))
+    return [_estimate_from_row(spec, seq_len, options, fields, row) for row in rows]
+
+
+def _scalar_fields(seq_len: int, options: Mapping[str, Any]) -> dict[str, _F64]:
+    for name, value in (("seq_len", seq_len), *options.items()):
+        if np.ndim(value) != 0:
+            raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
+    return _layout_inputs({"seq_len": seq_len, **options}, strict=True)
+
+
+def _estimate_from_row(
+    spec: ModelSpec,
+    seq_len: int,
+    options: Mapping[str, Any],
+    fields: Mapping[str, _F64],
+    row: _F64,
+) -> MemoryEstimate:
+    values = dict(zip(OUTPUT_FIELDS, row.tolist(), strict=True))
     return MemoryEstimate(
         spec=spec,
         options={**_DEFAULTS, "seq_len": seq_len, **options},
-        inputs=inputs,
+        inputs={name: float(array.reshape(-1)[0]) for name, array in fields.items()},
         params=int(values["params"]),
         grads=int(values["grads"]),
         optimizer=int(values["optimizer"]),

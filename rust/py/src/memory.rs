@@ -3,8 +3,8 @@
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, ModelSpec, NormType, INVALID_REASONS, LAYOUT_FIELDS,
-    OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType, INVALID_REASONS,
+    LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -113,6 +113,33 @@ fn memory_grid<'py>(
     ))
 }
 
+/// Every pipeline stage of one configuration (layout values in `LAYOUT_FIELDS` order):
+/// the `(stages, len(OUTPUT_FIELDS))` table, flat and row-major, and the reason code (0:
+/// valid; the table is then empty unless valid).
+#[pyfunction]
+fn memory_stages<'py>(
+    py: Python<'py>,
+    spec: SpecDict,
+    layout: [f64; N_LAYOUT_FIELDS],
+) -> PyResult<(Bound<'py, PyArray1<f64>>, u8)> {
+    let spec = spec.into_core().into_py_result()?;
+    let layout = Layout::from_values(&layout);
+    let stages = py
+        .detach(|| memory::estimate_all_stages(&spec, &layout))
+        .into_py_result()?;
+    Ok(match stages {
+        Ok(stages) => (
+            stages
+                .iter()
+                .flat_map(|b| b.to_values())
+                .collect::<Vec<f64>>()
+                .into_pyarray(py),
+            0,
+        ),
+        Err(invalid) => (Vec::new().into_pyarray(py), invalid.code()),
+    })
+}
+
 /// Names of the grid inputs, of the output columns, and the invalid-reason messages
 /// (reason code `i` is `messages[i - 1]`).
 #[pyfunction]
@@ -128,5 +155,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_param_counts, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;
     m.add_function(wrap_pyfunction!(memory_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stages, m)?)?;
     Ok(())
 }

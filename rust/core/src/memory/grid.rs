@@ -9,7 +9,8 @@ use rayon::prelude::*;
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{
-    check_field, estimate, estimate_checked_fields, Breakdown, Prepared, N_OUTPUT_FIELDS,
+    check_field, estimate, estimate_checked_fields, estimate_stages, Breakdown, Prepared,
+    N_OUTPUT_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
@@ -296,6 +297,16 @@ impl<'s, 'a> Cursor<'s, 'a> {
     fn values(&self) -> &[f64; N_LAYOUT_FIELDS] {
         &self.values
     }
+}
+
+/// Every pipeline stage of a single configuration (the spec is validated first): the
+/// stages' breakdowns, or why the configuration is invalid.
+pub fn estimate_all_stages(
+    spec: &ModelSpec,
+    layout: &Layout,
+) -> Result<std::result::Result<Vec<Breakdown>, crate::memory::layout::Invalid>> {
+    spec.validate()?;
+    Ok(estimate_stages(&Prepared::new(spec), layout))
 }
 
 /// Estimate a single configuration (a grid of one cell).
