@@ -297,6 +297,48 @@ def test_uneven_pipeline_stages_express_the_published_layouts() -> None:
         estimate_memory(llama, seq_len=8192, pp=16, first_stage_layers=7)
 
 
+def test_moe_cp_mtp_fp8_fused_loss_and_offload_options() -> None:
+    deepseek = ModelSpec.preset("deepseek-v3")
+    layout: dict[str, Any] = {"pp": 16, "dp": 128, "ep": 64, "pipeline_split": "auto"}
+    base = estimate_memory(deepseek, seq_len=4096, **layout)
+    padded = estimate_memory(deepseek, seq_len=4096, moe_capacity_factor=1.25, **layout)
+    assert padded.activation_parts["mlp"] > base.activation_parts["mlp"]
+    assert base.activation_parts["comm"] > 0  # EP all-to-all buffers
+    assert base.saved_activations == base.activations - base.activation_parts["comm"]
+    # Multi-token prediction: one more MoE layer, three norms and a 2h x h projection, and
+    # its activations, on the last stage.
+    mtp = deepseek.replace(mtp_layers=1)
+    moe_layer = deepseek.replace(num_layers=62).num_params() - deepseek.num_params()
+    assert mtp.num_params() - deepseek.num_params() == moe_layer + 3 * 7168 + 2 * 7168**2
+    last = estimate_memory_stages(mtp, seq_len=4096, **layout)[-1]
+    assert last.activation_parts["mtp"] > 0
+    assert estimate_memory_stages(deepseek, seq_len=4096, **layout)[-1].activation_parts["mtp"] == 0
+    # FP8 weights: 1 byte each, 16-bit gradients and activations unless told otherwise.
+    llama = LLAMA_8B
+    n = llama.num_params()
+    fp8 = estimate_memory(llama, seq_len=4096, param_dtype="fp8")
+    assert (fp8.params, fp8.grads, fp8.optimizer) == (n, 2 * n, 12 * n)
+    assert fp8.activations == estimate_memory(llama, seq_len=4096).activations
+    fp8_acts = estimate_memory(llama, seq_len=4096, fp8=True)
+    assert fp8_acts.activations < fp8.activations
+    assert "FP8 linear inputs" in fp8_acts.explanation()
+    # A fused cross-entropy keeps no fp32 logits: 4 bytes x 128,256 per token fewer.
+    fused = estimate_memory(llama, seq_len=4096, loss="fused")
+    plain = estimate_memory(llama, seq_len=4096)
+    assert plain.activation_parts["logits"] - fused.activation_parts["logits"] == 4096 * (
+        4 * 128_256 - 4
+    )
+    offload = estimate_memory(llama, seq_len=4096, optimizer_offload=1.0)
+    assert (offload.optimizer, offload.cpu_optimizer) == (0, 12 * n)
+    assert "offloaded to CPU" in offload.explanation()
+    ring = estimate_memory(llama, seq_len=8192, cp=4)
+    gathered = estimate_memory(llama, seq_len=8192, cp=4, cp_comm="all_gather")
+    assert gathered.activation_parts["comm"] == 2 * ring.activation_parts["comm"]
+    for option, value in (("loss", "chunked"), ("cp_comm", "ring"), ("optimizer_offload", 2)):
+        with pytest.raises(InvalidValueError, match=option):
+            estimate_memory(llama, seq_len=4096, **{option: value})
+
+
 @pytest.mark.parametrize(
     ("spec", "options", "match"),
     [

@@ -62,6 +62,8 @@ OPTIMIZER_STATES: dict[str, int] = {
 _RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
 _ACTIVATION_MODEL = {"modern": 0, "korthikanti": 1}
 _ATTENTION = {"flash": 0, "eager": 1}
+_CP_COMM = {"p2p": 0, "all_gather": 1, "a2a": 2}
+_LOSS = {"standard": 0, "fused": 1}
 #: Rules for splitting layers over pipeline stages (see :func:`estimate_memory`).
 PIPELINE_SPLITS = {"even": 0, "auto": 1, "embedding": 2, "loss": 3, "embedding_and_loss": 4}
 
@@ -73,6 +75,8 @@ _ACT_PARTS = (
     "logits",
     "checkpoints",
     "working",
+    "comm",
+    "mtp",
 )
 
 _DEFAULTS: dict[str, Any] = {
@@ -102,6 +106,11 @@ _DEFAULTS: dict[str, Any] = {
     "first_stage_layers": None,
     "last_stage_layers": None,
     "pipeline_split": "even",
+    "moe_capacity_factor": None,
+    "cp_comm": "p2p",
+    "loss": "standard",
+    "fp8": False,
+    "optimizer_offload": 0.0,
 }
 
 #: Options :func:`estimate_memory` and :func:`estimate_memory_grid` accept besides ``seq_len``.
@@ -149,13 +158,15 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         raise InvalidTypeError("seq_len is required")
     o = {**_DEFAULTS, **options}
     param = _dtype_bytes("param_dtype", o["param_dtype"], strict=strict)
+    # FP8 weights keep their gradients and compute their activations in 16 bits.
+    at_least_16_bits = np.where(param < 2, 2.0, param)
     grad = (
-        param
+        at_least_16_bits
         if o["grad_dtype"] is None
         else _dtype_bytes("grad_dtype", o["grad_dtype"], strict=strict)
     )
     act = (
-        param
+        at_least_16_bits
         if o["activation_dtype"] is None
         else _dtype_bytes("activation_dtype", o["activation_dtype"], strict=strict)
     )
@@ -197,6 +208,14 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         "pipeline_split": _lookup(
             "pipeline_split", o["pipeline_split"], PIPELINE_SPLITS, strict=strict
         ),
+        "moe_capacity_factor": _numeric(
+            "moe_capacity_factor",
+            0 if o["moe_capacity_factor"] is None else o["moe_capacity_factor"],
+        ),
+        "cp_comm": _lookup("cp_comm", o["cp_comm"], _CP_COMM, strict=strict),
+        "loss": _lookup("loss", o["loss"], _LOSS, strict=strict),
+        "fp8": _numeric("fp8", o["fp8"]),
+        "optimizer_offload": _numeric("optimizer_offload", o["optimizer_offload"]),
     }
     return {name: fields[name] for name in LAYOUT_FIELDS}
 
@@ -235,8 +254,11 @@ class MemoryEstimate:
     ``total = params + grads + optimizer + activations + overhead``. ``activation_parts``
     says what activations are made of: ``attention``, ``mlp`` and ``norm`` blocks of the
     layers in flight, ``embedding`` (first stage), ``logits`` (last stage),
-    ``checkpoints`` (layer inputs kept by full recomputation) and ``working`` (one layer
-    rebuilt during backward). ``options`` are the options as given (defaults filled in);
+    ``checkpoints`` (layer inputs kept by full recomputation), ``working`` (one layer
+    rebuilt during backward), ``comm`` (expert-parallel all-to-all and context-parallel
+    key/value buffers of one layer) and ``mtp`` (multi-token-prediction modules, last
+    stage). ``cpu_optimizer`` is the optimizer state offloaded to CPU memory, not in
+    ``total``. ``options`` are the options as given (defaults filled in);
     ``inputs`` are the numbers the core computed with (bytes per element of each dtype,
     optimizer state bytes, codes of named choices), keyed by the core's field names.
     """
@@ -253,6 +275,7 @@ class MemoryEstimate:
     activation_parts: dict[str, int]
     stage: int
     layers: int
+    cpu_optimizer: int
 
     @property
     def model_states(self) -> int:
@@ -262,9 +285,10 @@ class MemoryEstimate:
     @property
     def saved_activations(self) -> int:
         """Activations saved for backward when the forward passes end: ``activations``
-        without the transient ``working`` set of full recomputation. This is what
-        :func:`~tokenbatch.profile` measures (``ProfileResult.activations``)."""
-        return self.activations - self.activation_parts["working"]
+        without the transient ``working`` set of full recomputation and ``comm`` buffers.
+        This is what :func:`~tokenbatch.profile` measures (``ProfileResult.activations``)."""
+        parts = self.activation_parts
+        return self.activations - parts["working"] - parts["comm"]
 
     def fits(self, gpu_memory: float) -> bool:
         """Whether ``total`` is at most ``gpu_memory`` bytes."""
@@ -281,6 +305,7 @@ class MemoryEstimate:
             "total": self.total,
             "stage": self.stage,
             "layers": self.layers,
+            "cpu_optimizer": self.cpu_optimizer,
         }
         result.update({f"act_{k}": v for k, v in self.activation_parts.items()})
         return result
@@ -301,13 +326,21 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     ``vpp=1`` (virtual pipeline chunks, interleaved 1F1B when > 1), ``zero=0`` (0-3; 3 is
     FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``, ``"full"``),
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
-    ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``,
-    ``grad_dtype`` (default: ``param_dtype``), ``master_weights`` (default: fp32 master
-    weights when ``param_dtype`` is not fp32), ``optimizer_dtype="fp32"``,
+    ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``
+    (``"fp8"``: FP8 weights), ``grad_dtype`` (default: ``param_dtype``, bf16 for FP8
+    weights), ``master_weights`` (default: fp32 master weights when ``param_dtype`` is not
+    fp32), ``optimizer_dtype="fp32"``, ``optimizer_offload=0.0`` (the fraction of the
+    optimizer state kept in CPU memory, Megatron's ``--optimizer-offload-fraction``),
     ``fp32_grad_accum=False`` (an extra fp32 gradient buffer), ``activation_dtype``
-    (default: ``param_dtype``), ``logits_dtype="fp32"``, ``activation_model="modern"``
-    (or ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s
-    probabilities), ``fused_swiglu=False`` and ``overhead_bytes=0``.
+    (default: ``param_dtype``, bf16 for FP8 weights), ``fp8=False`` (FP8 linear layers,
+    which keep their inputs for backward in FP8, as Transformer Engine and DeepSeek-V3's
+    recipe do), ``logits_dtype="fp32"``, ``loss="standard"`` (``"fused"``: a chunked or
+    fused cross-entropy that keeps no logits), ``activation_model="modern"`` (or
+    ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s probabilities),
+    ``fused_swiglu=False``, ``moe_capacity_factor=None`` (dropless routing with a balanced
+    load; a number pads every expert's input to that multiple of the balanced load),
+    ``cp_comm="p2p"`` (how context-parallel ranks exchange keys and values: ``"p2p"`` ring,
+    ``"all_gather"`` or ``"a2a"``) and ``overhead_bytes=0``.
 
     Context parallelism: with ``cp > 1`` each sequence is padded to a multiple of ``2 * cp``
     and split over the ``cp`` ranks in load-balanced chunks (Transformer Engine's and
@@ -385,6 +418,7 @@ def _estimate_from_row(
         activation_parts={k: math.ceil(values[f"act_{k}"]) for k in _ACT_PARTS},
         stage=int(values["stage"]),
         layers=int(values["layers"]),
+        cpu_optimizer=int(values["cpu_optimizer"]),
     )
 
 
@@ -575,19 +609,27 @@ def _explain(est: MemoryEstimate) -> str:
         f"{'optimizer':<16}{_gib(est.optimizer)}  "
         f"{_bytes(master)} (master weights) + {_bytes(states)} "
         f"({o['optimizer']} states in {o['optimizer_dtype']}) B/param"
-        + (f", sharded over dp*cp={group} (ZeRO-1)" if zero >= 1 else ""),
-        f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model, "
-        f"{_bytes(n['activation_bytes'])} B/element, "
-        f"{o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
+        + (f", sharded over dp*cp={group} (ZeRO-1)" if zero >= 1 else "")
+        + (
+            f", {_gib(est.cpu_optimizer).strip()} GiB more offloaded to CPU"
+            if est.cpu_optimizer
+            else ""
+        ),
+        f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model"
+        f" ({spec.implementation} kernels), {_bytes(n['activation_bytes'])} B/element"
+        + (", FP8 linear inputs" if n["fp8"] else "")
+        + f", {o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
     ]
     how = {
         "attention": "qkv input, q/k/v, output, softmax stats (or s x s probabilities)",
         "mlp": "MLP/MoE input and inner activations",
         "norm": "norm inputs and fp32 statistics (residual stream)",
         "embedding": "token ids / embedding dropout mask, per micro-batch in flight",
-        "logits": "final norm, head input, fp32 logits for the loss",
+        "logits": "final norm, head input, logits (or log-sum-exp) for the loss",
         "checkpoints": "layer inputs kept by full recomputation",
         "working": "one layer recomputed during backward",
+        "comm": "EP all-to-all / CP key-value buffers of one layer",
+        "mtp": "multi-token-prediction modules",
     }
     for part, value in est.activation_parts.items():
         if value:

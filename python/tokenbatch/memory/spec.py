@@ -35,6 +35,7 @@ _INT_FIELDS = (
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "mtp_layers",
 )
 _POSITIVE = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 
@@ -50,7 +51,10 @@ class ModelSpec:
     ``first_dense_layers`` (leading layers with a dense MLP of ``ffn_size``). Multi-head
     latent attention (DeepSeek-V2/V3) sets ``kv_lora_rank`` > 0 and the head dimensions.
     ``router_bias`` marks sigmoid routing with a per-expert correction bias (DeepSeek-V3);
-    the bias is a buffer, not a parameter.
+    the bias is a buffer, not a parameter. ``mtp_layers`` multi-token-prediction modules
+    (DeepSeek-V3 trains one; Hugging Face's model leaves it out, so the preset and
+    :meth:`from_hf_config` have 0) each add a projection of the two normed inputs
+    (``2h x h``), three norms and a layer like the last one, on the last pipeline stage.
 
     ``implementation`` says whose kernels run the model, which decides what is saved for
     backward: ``"hf"`` (default) for Hugging Face ``transformers``' PyTorch modules (RMSNorm
@@ -87,6 +91,7 @@ class ModelSpec:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    mtp_layers: int = 0
     implementation: Implementation = "hf"
     name: str = "custom"
 

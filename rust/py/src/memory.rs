@@ -39,6 +39,7 @@ struct SpecDict {
     qk_nope_head_dim: u64,
     qk_rope_head_dim: u64,
     v_head_dim: u64,
+    mtp_layers: u64,
     implementation: String,
 }
 
@@ -69,6 +70,7 @@ impl SpecDict {
             qk_nope_head_dim: self.qk_nope_head_dim,
             qk_rope_head_dim: self.qk_rope_head_dim,
             v_head_dim: self.v_head_dim,
+            mtp_layers: self.mtp_layers,
             implementation: Implementation::parse(&self.implementation)?,
         })
     }

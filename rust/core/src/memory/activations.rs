@@ -36,6 +36,11 @@
 //!   shared experts their inner activations.
 //! * **rotary tables** (`hf`): cos and sin of every position, once per micro-batch.
 //!
+//! With FP8 linear layers, the inputs linear layers keep for backward (of the q/k/v, MLA
+//! up-, output, MLP and expert projections) are kept in FP8 (1 byte); where such an input
+//! is also kept by another operation in the activation dtype (the attention output under
+//! flash attention), the FP8 copy comes on top.
+//!
 //! Selective recomputation drops the attention core's own tensors (log-sum-exp or
 //! probabilities) and recomputes the MLP activation function (Megatron-Core's
 //! `recompute_modules = core_attn, mlp activation`).
@@ -44,6 +49,29 @@
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
 
 use crate::memory::spec::{FfnType, Implementation, ModelSpec, NormType};
+
+/// How context-parallel ranks exchange keys and values (the `cp_comm` layout field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpComm {
+    /// A ring (Transformer Engine's p2p): each rank sends its chunk on while it receives
+    /// the next, two chunks of keys and values in flight.
+    P2p,
+    /// Every rank gathers the keys and values of the whole sequence.
+    AllGather,
+    /// Ulysses-style all-to-all: q, k, v and the output re-laid out from sequence to heads.
+    A2a,
+}
+
+impl CpComm {
+    /// The kind of a `cp_comm` code (0, 1 or 2; validated before).
+    pub fn from_code(code: f64) -> Self {
+        match code as u8 {
+            1 => CpComm::AllGather,
+            2 => CpComm::A2a,
+            _ => CpComm::P2p,
+        }
+    }
+}
 
 /// Activation bytes per local token of one layer, by block.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -76,6 +104,11 @@ pub(crate) struct ActCtx {
     pub selective: bool,
     /// Bytes per element of the weights (an fp32 router copies lower-precision ones).
     pub param_bytes: f64,
+    /// Bytes per element of the inputs linear layers keep (1 with FP8 linear layers).
+    pub lin: f64,
+    /// Routed copies of a token an expert-parallel rank processes (`k`, or `k` times the
+    /// capacity factor when experts' inputs are padded to capacity).
+    pub copies: f64,
 }
 
 /// The activation formulas of one model under one configuration.
@@ -105,17 +138,20 @@ impl<'a> Activations<'a> {
         bytes / self.c.rep
     }
 
-    /// The inner activations of an MLP of width `ffn` (whole, not per rank).
+    /// The inner activations of an MLP of width `ffn` (whole, not per rank): for SwiGLU
+    /// gate and up, and unless recomputed silu(gate) (not kept with `fused_swiglu`) and the
+    /// product, the down projection's input; for GeLU fc1's output and the GeLU output.
     fn mlp_inner(&self, ffn: f64) -> f64 {
         let c = &self.c;
-        let tensors = match (self.spec.ffn_type, c.selective, c.fused_swiglu) {
-            (FfnType::SwiGlu, true, _) => 2.0,
-            (FfnType::SwiGlu, false, true) => 3.0,
-            (FfnType::SwiGlu, false, false) => 4.0,
-            (FfnType::Gelu, true, _) => 1.0,
-            (FfnType::Gelu, false, _) => 2.0,
+        let (kept, down_input) = match (self.spec.ffn_type, c.selective, c.fused_swiglu) {
+            (FfnType::SwiGlu, true, _) => (2.0, false),
+            (FfnType::SwiGlu, false, true) => (2.0, true),
+            (FfnType::SwiGlu, false, false) => (3.0, true),
+            (FfnType::Gelu, true, _) => (1.0, false),
+            (FfnType::Gelu, false, _) => (1.0, true),
         };
-        tensors * c.e * ffn / c.t
+        let down = if down_input { c.lin } else { 0.0 };
+        (kept * c.e + down) * ffn / c.t
     }
 
     /// The attention block: projections' input, q/k/v, core, output.
@@ -126,8 +162,9 @@ impl<'a> Activations<'a> {
         let a = s.num_heads as f64 / c.t;
         let dq = s.qk_head_dim() as f64;
         let dv = s.v_dim() as f64;
-        let input = e * h / c.rep;
-        let query_and_output = e * a * (dq + dv);
+        let input = c.lin * h / c.rep;
+        let query = e * a * dq;
+        let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
         if c.eager {
             let probabilities = if c.selective {
                 0.0
@@ -137,24 +174,29 @@ impl<'a> Activations<'a> {
             } else {
                 e * a * c.key_len
             };
-            let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
-            // Keys and values expanded to every query head.
-            return input + mla_paths + query_and_output + e * a * (dq + dv) + probabilities;
+            // Keys and values expanded to every query head; the output copied for `o_proj`.
+            let keys_values = e * a * (dq + dv);
+            return input + mla_paths + query + keys_values + probabilities + c.lin * a * dv;
         }
         let lse = if c.selective { 0.0 } else { 4.0 * a };
-        if !s.is_mla() {
-            let keys_values = e * c.kv_per_rank * (dq + dv);
-            return input + query_and_output + keys_values + lse;
-        }
-        let keys_values = if self.hf {
+        let keys_values = if !s.is_mla() {
+            e * c.kv_per_rank * (dq + dv)
+        } else if self.hf {
             // Keys with the rotary part expanded; values a view of the up-projection's
-            // output (no-position keys and values); the output copied before `o_proj`.
-            let nope = s.qk_nope_head_dim as f64;
-            e * a * dq + e * a * (nope + dv) + e * a * dv
+            // output (no-position keys and values).
+            e * a * dq + e * a * (s.qk_nope_head_dim as f64 + dv)
         } else {
             e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
         };
-        input + self.mla_paths() + query_and_output + keys_values + lse
+        // The kernel keeps its output; `o_proj` keeps the same tensor, unless it keeps an
+        // FP8 copy or (`hf` MLA) a contiguous copy.
+        let output = e * a * dv;
+        let projection_input = if (s.is_mla() && self.hf) || c.lin < e {
+            c.lin * a * dv
+        } else {
+            0.0
+        };
+        input + mla_paths + query + keys_values + lse + output + projection_input
     }
 
     /// MLA's low-rank query and key/value paths: a norm and the up-projection's input each.
@@ -164,7 +206,7 @@ impl<'a> Activations<'a> {
             if rank == 0 {
                 0.0
             } else {
-                self.norm(rank as f64) + c.e * rank as f64 / c.rep
+                self.norm(rank as f64) + c.lin * rank as f64 / c.rep
             }
         };
         path(s.q_lora_rank) + path(s.kv_lora_rank)
@@ -176,10 +218,12 @@ impl<'a> Activations<'a> {
         let (s, c) = (self.spec, &self.c);
         let e = c.e;
         let h = s.hidden_size as f64;
-        let input = e * h / c.rep;
+        let input = c.lin * h / c.rep;
         if !moe {
             return (input + self.mlp_inner(s.ffn_size as f64), 0.0);
         }
+        // The MoE input goes to the router, which is not an FP8 layer.
+        let input = e * h / c.rep;
         let k = s.top_k as f64;
         let experts = s.num_experts as f64;
         let shared = self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64);
@@ -206,8 +250,10 @@ impl<'a> Activations<'a> {
         };
         // A low-precision input upcast by an fp32 router is kept only by shared experts.
         let keeps_input = !(self.hf && s.router_bias && e < 4.0) || s.num_shared_experts > 0;
-        let routed = k
-            * (2.0 * e * h / c.t + self.mlp_inner(s.moe_ffn_size as f64) + (4.0 + indices) / c.rep);
+        let routed = c.copies
+            * ((c.lin + e) * h / c.rep
+                + self.mlp_inner(s.moe_ffn_size as f64)
+                + (4.0 + indices) / c.rep);
         let per_token = if keeps_input { input } else { 0.0 } + router / c.rep + routed + shared;
         (per_token, router_weight)
     }
@@ -228,6 +274,41 @@ impl<'a> Activations<'a> {
     pub fn head(&self) -> f64 {
         let h = self.spec.hidden_size as f64;
         self.norm(h) + self.c.e * h / self.c.rep
+    }
+
+    /// A multi-token-prediction module's own inputs per token: the norms of the embedding
+    /// and of the hidden state, and their concatenation, the projection's input.
+    pub fn mtp_inputs(&self) -> f64 {
+        let h = self.spec.hidden_size as f64;
+        2.0 * self.norm(h) + 2.0 * self.c.lin * h / self.c.rep
+    }
+
+    /// Communication buffers per token of the busiest layer, live while it runs: the
+    /// all-to-all send buffer of the routed copies (`ep > 1`), or the keys and values in
+    /// flight between context-parallel ranks (`cp > 1`); the larger, since they are
+    /// not live at once.
+    pub fn comm_buffers(&self, ep: f64, cp: f64, cp_comm: CpComm) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        let h = s.hidden_size as f64;
+        let expert = if ep > 1.0 && s.is_moe() {
+            c.copies * c.e * h / c.rep
+        } else {
+            0.0
+        };
+        let context = if cp > 1.0 {
+            let a = s.num_heads as f64 / c.t;
+            let (dq, dv) = (s.qk_head_dim() as f64, s.v_dim() as f64);
+            let kv_heads = if s.is_mla() { a } else { c.kv_per_rank };
+            let keys_values = c.e * kv_heads * (dq + dv);
+            match cp_comm {
+                CpComm::P2p => 2.0 * keys_values,
+                CpComm::AllGather => cp * keys_values,
+                CpComm::A2a => keys_values + c.e * a * (dq + dv),
+            }
+        } else {
+            0.0
+        };
+        expert.max(context)
     }
 
     /// Rotary tables kept per micro-batch for `positions` positions (`hf`: cos and sin).

@@ -41,13 +41,13 @@
 //! Full recomputation keeps each layer's input and needs one layer's activations while it
 //! recomputes (Chen et al. 2016).
 
-use crate::memory::activations::{ActCtx, Activations, LayerActs};
+use crate::memory::activations::{ActCtx, Activations, CpComm, LayerActs};
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::{LayerParams, ModelSpec};
 
 /// Names of the output columns, in [`Breakdown::to_values`] order.
-pub const OUTPUT_FIELDS: [&str; 15] = [
+pub const OUTPUT_FIELDS: [&str; 18] = [
     "params",
     "grads",
     "optimizer",
@@ -61,8 +61,11 @@ pub const OUTPUT_FIELDS: [&str; 15] = [
     "act_logits",
     "act_checkpoints",
     "act_working",
+    "act_comm",
+    "act_mtp",
     "stage",
     "layers",
+    "cpu_optimizer",
 ];
 
 /// Number of output columns.
@@ -91,10 +94,17 @@ pub struct Breakdown {
     pub act_checkpoints: f64,
     /// One layer's activations rebuilt during backward under full recomputation.
     pub act_working: f64,
+    /// Communication buffers of one layer at a time: expert-parallel all-to-all, context-
+    /// parallel key/value exchange.
+    pub act_comm: f64,
+    /// Multi-token-prediction modules on the last stage: their inputs, layer, head and loss.
+    pub act_mtp: f64,
     /// Index of the pipeline stage reported.
     pub stage: f64,
-    /// Transformer layers held by that stage.
+    /// Transformer layers held by that stage (multi-token-prediction layers not included).
     pub layers: f64,
+    /// Optimizer state offloaded to CPU memory (not in `total`).
+    pub cpu_optimizer: f64,
 }
 
 impl Breakdown {
@@ -114,8 +124,11 @@ impl Breakdown {
             self.act_logits,
             self.act_checkpoints,
             self.act_working,
+            self.act_comm,
+            self.act_mtp,
             self.stage,
             self.layers,
+            self.cpu_optimizer,
         ]
     }
 }
@@ -129,6 +142,10 @@ pub struct Prepared {
     embedding: f64,
     positions: f64,
     final_norm: f64,
+    /// One multi-token-prediction module: its layer, its norms and its projection.
+    mtp_layer: LayerParams,
+    mtp_norms: f64,
+    mtp_projection: f64,
 }
 
 impl Prepared {
@@ -136,7 +153,11 @@ impl Prepared {
     pub fn new(spec: &ModelSpec) -> Self {
         let (embedding, positions) = spec.embedding_params();
         let (final_norm, _) = spec.head_params(false);
+        let (mtp_norms, mtp_projection) = spec.mtp_extra_params();
         Prepared {
+            mtp_layer: spec.mtp_layer_params(false),
+            mtp_norms,
+            mtp_projection,
             spec: spec.clone(),
             dense_layer: spec.layer_params(0, false),
             moe_layer: spec.layer_params(spec.first_dense_layers, false),
@@ -250,6 +271,11 @@ pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
             PipelineSplit::from_code(x).is_some(),
             Invalid::PipelineSplit,
         ),
+        26 => (x.is_finite() && x >= 0.0, Invalid::MoeCapacityFactor),
+        27 => (x == 0.0 || x == 1.0 || x == 2.0, Invalid::CpComm),
+        28 => (is_flag(x), Invalid::Loss),
+        29 => (is_flag(x), Invalid::Fp8),
+        30 => ((0.0..=1.0).contains(&x), Invalid::OptimizerOffload),
         // 12..=18 and 22: byte counts.
         _ => (x.is_finite() && x >= 0.0, Invalid::Bytes),
     };
@@ -297,6 +323,16 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
         return Err(Invalid::EpDpCp);
     }
     Ok(stages)
+}
+
+/// Routed copies per token relative to `top_k`: the capacity factor when experts' inputs
+/// are padded to capacity, 1 for dropless routing with a balanced load.
+fn capacity_multiple(capacity_factor: f64) -> f64 {
+    if capacity_factor > 0.0 {
+        capacity_factor
+    } else {
+        1.0
+    }
 }
 
 /// Tokens of a `seq_len`-token sequence on each of `cp` context-parallel ranks: with load
@@ -376,9 +412,15 @@ struct Config<'a> {
     working: f64,
     embedding_per_mb: f64,
     logits_per_mb: f64,
-    /// Per-layer (dense, expert) parameters per rank of dense and of MoE layers.
+    /// Communication buffers of one layer (EP all-to-all, CP key/value exchange).
+    comm: f64,
+    /// One multi-token-prediction module's activations per micro-batch.
+    mtp_per_mb: f64,
+    /// Per-layer (dense, expert) parameters per rank of dense and of MoE layers, and of a
+    /// multi-token-prediction module (its layer, norms and projection).
     dense_layer: (f64, f64),
     moe_layer: (f64, f64),
+    mtp_module: (f64, f64),
     dense_group: f64,
     expert_group: f64,
     pp: u64,
@@ -393,8 +435,10 @@ impl<'a> Config<'a> {
         let sp = l.sequence_parallel == 1.0 && t > 1.0;
         let recompute = l.recompute_mode();
         let selective = recompute == Recompute::Selective;
+        let e = l.activation_bytes;
+        let copies = spec.top_k as f64 * capacity_multiple(l.moe_capacity_factor);
         let c = ActCtx {
-            e: l.activation_bytes,
+            e,
             t,
             rep: if sp { t } else { 1.0 },
             kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
@@ -403,6 +447,8 @@ impl<'a> Config<'a> {
             fused_swiglu: l.fused_swiglu == 1.0,
             selective,
             param_bytes: l.param_bytes,
+            lin: if l.fp8 == 1.0 { 1.0 } else { e },
+            copies,
         };
         let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let h = spec.hidden_size as f64;
@@ -425,7 +471,7 @@ impl<'a> Config<'a> {
         } else {
             (dense_acts, 0.0)
         };
-        let checkpoint = if korthikanti { 2.0 * h } else { c.e * h } / c.rep;
+        let checkpoint = if korthikanti { 2.0 * h } else { e * h } / c.rep;
         let working = if recompute != Recompute::Full || korthikanti {
             0.0
         } else {
@@ -451,12 +497,39 @@ impl<'a> Config<'a> {
         } else {
             acts.rotary_tables(c.key_len)
         };
+        // The loss keeps the logits (`logits_bytes`, vocabulary-parallel) and the labels; a
+        // fused cross-entropy keeps only an fp32 log-sum-exp per token.
+        let loss_per_token = if l.loss == 1.0 {
+            4.0
+        } else {
+            l.logits_bytes * spec.vocab_size as f64 / t
+        } + 8.0;
         let logits_per_mb = if korthikanti {
             0.0
         } else {
-            tokens * (acts.head() + l.logits_bytes * spec.vocab_size as f64 / t + 8.0)
+            tokens * (acts.head() + loss_per_token)
+        };
+        // A multi-token-prediction module: two norms, the projection's input (2h), a layer
+        // like the last, and its own head and loss.
+        let mtp_moe = spec.is_moe() && spec.num_layers > spec.first_dense_layers;
+        let mtp_per_mb = if korthikanti || spec.mtp_layers == 0 {
+            0.0
+        } else {
+            let (layer, fixed) = if recompute == Recompute::Full {
+                (checkpoint, 0.0)
+            } else {
+                let (layer, fixed) = kept(mtp_moe);
+                (layer.total(), fixed)
+            };
+            tokens * (acts.mtp_inputs() + layer + acts.head() + loss_per_token) + fixed
+        };
+        let comm = if korthikanti {
+            0.0
+        } else {
+            tokens * acts.comm_buffers(l.ep, l.cp, CpComm::from_code(l.cp_comm))
         };
         let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
+        let (mtp_dense, mtp_experts) = prep.mtp_layer.per_rank(t, l.ep, kv_fraction);
         let dense_group = l.dp * l.cp;
         let pp = l.pp as u64;
         let vpp = l.vpp as u64;
@@ -473,8 +546,14 @@ impl<'a> Config<'a> {
             working,
             embedding_per_mb,
             logits_per_mb,
+            comm,
+            mtp_per_mb,
             dense_layer: prep.dense_layer.per_rank(t, l.ep, kv_fraction),
             moe_layer: prep.moe_layer.per_rank(t, l.ep, kv_fraction),
+            mtp_module: (
+                mtp_dense + prep.mtp_norms + prep.mtp_projection / t,
+                mtp_experts,
+            ),
             dense_group,
             expert_group: dense_group / l.ep,
             pp,
@@ -514,7 +593,8 @@ impl<'a> Config<'a> {
             }
         };
         let mut dense_params = n_dense * self.dense_layer.0 + n_moe * self.moe_layer.0;
-        let expert_params = n_dense * self.dense_layer.1 + n_moe * self.moe_layer.1;
+        let mut expert_params = n_dense * self.dense_layer.1 + n_moe * self.moe_layer.1;
+        let mtp = if last { spec.mtp_layers as f64 } else { 0.0 };
         if first {
             dense_params += prep.embedding / t + prep.positions;
         }
@@ -527,6 +607,13 @@ impl<'a> Config<'a> {
                 prep.embedding / t
             };
             dense_params += prep.final_norm + head;
+            // Multi-token prediction runs on the last stage, which then needs the
+            // embedding too (Megatron-LM builds it there when pp > 1).
+            dense_params += mtp * self.mtp_module.0;
+            expert_params += mtp * self.mtp_module.1;
+            if mtp > 0.0 && pp > 1 {
+                dense_params += prep.embedding / t;
+            }
         }
         let per_param = |bytes: f64, threshold: f64| {
             bytes
@@ -535,7 +622,9 @@ impl<'a> Config<'a> {
         };
         let params = ceil(per_param(l.param_bytes, 3.0));
         let grads = ceil(per_param(l.grad_bytes + l.grad_buffer_bytes, 2.0));
-        let optimizer = ceil(per_param(l.master_bytes + l.optimizer_state_bytes, 1.0));
+        let all_optimizer = ceil(per_param(l.master_bytes + l.optimizer_state_bytes, 1.0));
+        let cpu_optimizer = ceil(all_optimizer * l.optimizer_offload);
+        let optimizer = all_optimizer - cpu_optimizer;
 
         // Micro-batches in flight on this stage, in units of "all the stage's layers once".
         let m = l.grad_accum_steps;
@@ -576,10 +665,11 @@ impl<'a> Config<'a> {
             0.0
         };
         let act_logits = if last { self.logits_per_mb } else { 0.0 };
-        let act_working = if n_dense + n_moe > 0.0 {
-            self.working
+        let act_mtp = mtp * self.mtp_per_mb;
+        let (act_working, act_comm) = if n_dense + n_moe + mtp > 0.0 {
+            (self.working, self.comm)
         } else {
-            0.0
+            (0.0, 0.0)
         };
         let activations = ceil(
             act_attention
@@ -588,7 +678,9 @@ impl<'a> Config<'a> {
                 + act_embedding
                 + act_logits
                 + act_checkpoints
-                + act_working,
+                + act_working
+                + act_comm
+                + act_mtp,
         );
         Breakdown {
             params,
@@ -604,8 +696,11 @@ impl<'a> Config<'a> {
             act_logits,
             act_checkpoints,
             act_working,
+            act_comm,
+            act_mtp,
             stage: stage as f64,
             layers: n_dense + n_moe,
+            cpu_optimizer,
         }
     }
 }

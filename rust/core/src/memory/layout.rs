@@ -5,7 +5,7 @@
 //! ([`LAYOUT_FIELDS`]).
 
 /// Names of the layout fields, in the order [`Layout::from_values`] reads them.
-pub const LAYOUT_FIELDS: [&str; 26] = [
+pub const LAYOUT_FIELDS: [&str; 31] = [
     "seq_len",
     "micro_batch",
     "dp",
@@ -32,6 +32,11 @@ pub const LAYOUT_FIELDS: [&str; 26] = [
     "first_stage_layers",
     "last_stage_layers",
     "pipeline_split",
+    "moe_capacity_factor",
+    "cp_comm",
+    "loss",
+    "fp8",
+    "optimizer_offload",
 ];
 
 /// Number of layout fields.
@@ -97,6 +102,18 @@ pub struct Layout {
     /// A [`PipelineSplit`](crate::memory::PipelineSplit) code: 0 even, 1 auto, 2 embedding,
     /// 3 loss, 4 embedding and loss counted as layers.
     pub pipeline_split: f64,
+    /// Expert capacity as a multiple of the balanced load, each expert's input padded to
+    /// it (`k * moe_capacity_factor` routed copies per token); 0 for dropless routing with
+    /// a balanced load (`k` copies).
+    pub moe_capacity_factor: f64,
+    /// Context-parallel exchange of keys and values: 0 ring (p2p), 1 all-gather, 2 all-to-all.
+    pub cp_comm: f64,
+    /// 0: logits kept for the loss; 1: fused (chunked) cross-entropy keeps no logits.
+    pub loss: f64,
+    /// 1: FP8 linear layers, whose saved inputs are kept in FP8 (1 byte).
+    pub fp8: f64,
+    /// Fraction of the optimizer state kept in CPU memory (0 to 1).
+    pub optimizer_offload: f64,
 }
 
 impl Default for Layout {
@@ -128,6 +145,11 @@ impl Default for Layout {
             first_stage_layers: 0.0,
             last_stage_layers: 0.0,
             pipeline_split: 0.0,
+            moe_capacity_factor: 0.0,
+            cp_comm: 0.0,
+            loss: 0.0,
+            fp8: 0.0,
+            optimizer_offload: 0.0,
         }
     }
 }
@@ -162,6 +184,11 @@ impl Layout {
             first_stage_layers: v[23],
             last_stage_layers: v[24],
             pipeline_split: v[25],
+            moe_capacity_factor: v[26],
+            cp_comm: v[27],
+            loss: v[28],
+            fp8: v[29],
+            optimizer_offload: v[30],
         }
     }
 
@@ -194,6 +221,11 @@ impl Layout {
             self.first_stage_layers,
             self.last_stage_layers,
             self.pipeline_split,
+            self.moe_capacity_factor,
+            self.cp_comm,
+            self.loss,
+            self.fp8,
+            self.optimizer_offload,
         ]
     }
 
@@ -237,6 +269,11 @@ pub enum Invalid {
     FirstStageLayers,
     LastStageLayers,
     PipelineSplit,
+    MoeCapacityFactor,
+    CpComm,
+    Loss,
+    Fp8,
+    OptimizerOffload,
     TpHeads,
     TpKvHeads,
     TpFfn,
@@ -247,7 +284,7 @@ pub enum Invalid {
 }
 
 /// Every invalid reason, in code order (code = index + 1).
-pub const INVALID_REASONS: [Invalid; 26] = [
+pub const INVALID_REASONS: [Invalid; 31] = [
     Invalid::SeqLen,
     Invalid::MicroBatch,
     Invalid::Dp,
@@ -267,6 +304,11 @@ pub const INVALID_REASONS: [Invalid; 26] = [
     Invalid::FirstStageLayers,
     Invalid::LastStageLayers,
     Invalid::PipelineSplit,
+    Invalid::MoeCapacityFactor,
+    Invalid::CpComm,
+    Invalid::Loss,
+    Invalid::Fp8,
+    Invalid::OptimizerOffload,
     Invalid::TpHeads,
     Invalid::TpKvHeads,
     Invalid::TpFfn,
@@ -314,6 +356,13 @@ impl Invalid {
             Invalid::PipelineSplit => {
                 "pipeline_split must be 'even', 'auto', 'embedding', 'loss' or 'embedding_and_loss'"
             }
+            Invalid::MoeCapacityFactor => {
+                "moe_capacity_factor must be a positive number (0 or None: dropless routing)"
+            }
+            Invalid::CpComm => "cp_comm must be 'p2p', 'all_gather' or 'a2a'",
+            Invalid::Loss => "loss must be 'standard' or 'fused'",
+            Invalid::Fp8 => "fp8 must be a boolean",
+            Invalid::OptimizerOffload => "optimizer_offload must be a fraction between 0 and 1",
             Invalid::TpHeads => "tp must divide num_heads",
             Invalid::TpKvHeads => "tp must divide num_kv_heads or be a multiple of it",
             Invalid::TpFfn => "tp must divide ffn_size (and moe_ffn_size)",

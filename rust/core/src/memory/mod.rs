@@ -11,6 +11,7 @@ pub mod layout;
 pub mod pipeline;
 pub mod spec;
 
+pub use activations::CpComm;
 pub use estimate::{
     check_field, estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS,
     OUTPUT_FIELDS,

@@ -114,6 +114,10 @@ pub struct ModelSpec {
     pub qk_nope_head_dim: u64,
     pub qk_rope_head_dim: u64,
     pub v_head_dim: u64,
+    /// Multi-token-prediction modules (DeepSeek-V3: 1; Megatron's `--mtp-num-layers`), each
+    /// a projection of `[norm(embedding); norm(hidden)]` (2h x h), a transformer layer like
+    /// the last one and a final norm, sharing the embedding and output layer.
+    pub mtp_layers: u64,
     /// Whose kernels run the model.
     pub implementation: Implementation,
 }
@@ -332,6 +336,18 @@ impl ModelSpec {
         (self.norm_params(self.hidden_size), projection)
     }
 
+    /// Parameters of one multi-token-prediction module besides its transformer layer:
+    /// (replicated norms, tensor-parallel projection).
+    pub fn mtp_extra_params(&self) -> (f64, f64) {
+        let h = self.hidden_size as f64;
+        (3.0 * self.norm_params(self.hidden_size), 2.0 * h * h)
+    }
+
+    /// Parameters of one multi-token-prediction module's transformer layer (like the last).
+    pub fn mtp_layer_params(&self, active: bool) -> LayerParams {
+        self.layer_params(self.num_layers - 1, active)
+    }
+
     fn count(&self, active: bool) -> f64 {
         let (embedding, positions) = self.embedding_params();
         let (final_norm, projection) = self.head_params(false);
@@ -346,10 +362,13 @@ impl ModelSpec {
             let moe_index = self.first_dense_layers;
             total += self.moe_layers() as f64 * self.layer_params(moe_index, active).total();
         }
+        let (norms, projection) = self.mtp_extra_params();
         total
+            + self.mtp_layers as f64 * (norms + projection + self.mtp_layer_params(active).total())
     }
 
-    /// Every parameter of the model (embeddings included, tied ones once).
+    /// Every parameter of the model (embeddings included, tied ones once; multi-token
+    /// prediction modules included, their embedding and output layer being the model's).
     pub fn total_params(&self) -> f64 {
         self.count(false)
     }

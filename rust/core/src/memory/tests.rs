@@ -28,6 +28,7 @@ fn llama(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64) -> ModelSpec {
         qk_nope_head_dim: 0,
         qk_rope_head_dim: 0,
         v_head_dim: 0,
+        mtp_layers: 0,
         implementation: Implementation::Fused,
     }
 }
@@ -367,6 +368,128 @@ fn context_parallel_ranks_hold_sequences_padded_to_twice_cp() {
 }
 
 #[test]
+fn moe_capacity_and_expert_parallel_buffers() {
+    let spec = mixtral();
+    let base = Layout {
+        seq_len: 1.0,
+        dp: 8.0,
+        ..Layout::default()
+    };
+    let dropless = one(&spec, &base);
+    let padded = |moe_capacity_factor: f64, ep: f64| {
+        one(
+            &spec,
+            &Layout {
+                moe_capacity_factor,
+                ep,
+                ..base
+            },
+        )
+    };
+    assert_eq!(padded(1.0, 1.0), dropless);
+    // Per routed copy: gathered input and expert output (2h), 3 x 14336 inner, the
+    // product, an fp32 weight and an index; capacity 1.5 adds half a copy of each of
+    // the top 2, in every one of the 32 layers.
+    let h = 4096.0;
+    let copy = 2.0 * (2.0 * h + 4.0 * 14336.0) + 4.0 + 8.0;
+    assert_eq!(
+        padded(1.5, 1.0).act_mlp - dropless.act_mlp,
+        32.0 * 2.0 * 0.5 * copy
+    );
+    // Expert parallelism adds the all-to-all send buffer of one layer's routed copies.
+    assert_eq!(dropless.act_comm, 0.0);
+    assert_eq!(padded(0.0, 8.0).act_comm, 2.0 * 2.0 * h);
+    assert_eq!(padded(1.5, 8.0).act_comm, 3.0 * 2.0 * h);
+}
+
+#[test]
+fn context_parallel_key_value_buffers() {
+    // Llama-3-8B has 8 KV heads of 128: 2 x 8 x 128 x 2 bytes of keys and values per token.
+    let spec = llama_8b();
+    let at = |cp: f64, cp_comm: f64| {
+        one(
+            &spec,
+            &Layout {
+                seq_len: 8192.0,
+                cp,
+                cp_comm,
+                ..Layout::default()
+            },
+        )
+        .act_comm
+    };
+    let kv = 2.0 * 8.0 * 128.0 * 2.0;
+    let local = 8192.0 / 4.0;
+    assert_eq!(at(1.0, 0.0), 0.0);
+    assert_eq!(at(4.0, 0.0), local * 2.0 * kv);
+    assert_eq!(at(4.0, 1.0), local * 4.0 * kv);
+    assert_eq!(at(4.0, 2.0), local * (kv + 2.0 * 32.0 * 256.0));
+}
+
+#[test]
+fn fused_loss_fp8_and_optimizer_offload() {
+    let spec = llama_8b();
+    let base = Layout {
+        seq_len: 1.0,
+        ..Layout::default()
+    };
+    let plain = one(&spec, &base);
+    let fused_loss = one(&spec, &Layout { loss: 1.0, ..base });
+    assert_eq!(
+        plain.act_logits - fused_loss.act_logits,
+        4.0 * 128_256.0 - 4.0
+    );
+    // FP8 linear inputs, one byte instead of two: per layer the q/k/v input (saves h), the
+    // MLP input (h) and the down projection's input (f); o_proj keeps a one-byte copy of
+    // the attention output, which the kernel keeps in bf16 (costs h).
+    let fp8 = one(&spec, &Layout { fp8: 1.0, ..base });
+    let (h, f) = (4096.0, 14336.0);
+    assert_eq!(plain.activations - fp8.activations, 32.0 * (h + h + f - h));
+    let offload = one(
+        &spec,
+        &Layout {
+            optimizer_offload: 0.25,
+            ..base
+        },
+    );
+    assert_eq!(offload.cpu_optimizer, plain.optimizer / 4.0);
+    assert_eq!(offload.optimizer + offload.cpu_optimizer, plain.optimizer);
+    assert_eq!(plain.total - offload.total, offload.cpu_optimizer);
+}
+
+#[test]
+fn multi_token_prediction_lives_on_the_last_stage() {
+    let without = deepseek_v3();
+    let with = ModelSpec {
+        mtp_layers: 1,
+        ..deepseek_v3()
+    };
+    // One MTP module: an MoE layer like the last, three norms and a 2h x h projection.
+    let h = 7168.0;
+    let extra = with.total_params() - without.total_params();
+    let moe_layer = without.layer_params(60, false).total();
+    assert_eq!(extra, moe_layer + 3.0 * h + 2.0 * h * h);
+    let layout = Layout {
+        seq_len: 4096.0,
+        pp: 16.0,
+        dp: 64.0,
+        ep: 64.0,
+        pipeline_split: 1.0,
+        ..Layout::default()
+    };
+    let stages = |spec: &ModelSpec| estimate_stages(&Prepared::new(spec), &layout).unwrap();
+    let (plain, mtp) = (stages(&without), stages(&with));
+    assert_eq!(plain[..15], mtp[..15]);
+    assert_eq!(plain[15].act_mtp, 0.0);
+    assert!(mtp[15].act_mtp > 0.0);
+    // The last stage also holds a copy of the embedding (129,280 x 7168).
+    let params = |b: &Breakdown| b.params / 2.0;
+    let embedding = 129_280.0 * h;
+    let expected = params(&plain[15]) + embedding + 3.0 * h + 2.0 * h * h;
+    assert!(params(&mtp[15]) > expected);
+}
+
+#[test]
 fn bad_spec_is_an_error() {
     let mut spec = llama_8b();
     spec.num_kv_heads = 5;
@@ -396,7 +519,8 @@ fn expert_parallelism_splits_only_experts() {
     );
     let experts = 32.0 * 8.0 * 3.0 * 4096.0 * 14336.0;
     assert_eq!(b1.params - b8.params, 2.0 * (experts - experts / 8.0));
-    assert_eq!(b1.activations, b8.activations);
+    // Saved activations are the same; the all-to-all needs its buffers.
+    assert_eq!(b1.activations + b8.act_comm, b8.activations);
 }
 
 /// Grid inputs holding `defaults` as scalars, except the listed `(field, values, strides)`.
@@ -715,7 +839,9 @@ fn megatron_chunk(
         let offset = if stage == 0 {
             chunk * (f + m + l)
         } else {
-            chunk * (f + m + l) + f + middle_rank * (m / middle_stages)
+            // Megatron divides by the middle stages here even when there are none (pp = 2
+            // with both ends given); the product is 0 then.
+            chunk * (f + m + l) + f + middle_rank * m.checked_div(middle_stages).unwrap_or(0)
         };
         return (per_stage / vpp, offset);
     }
