@@ -166,6 +166,7 @@ def test_plan_communication_follows_activation_dtype() -> None:
         "seq_len": 4096,
         "global_batch_tokens": 4096 * 64,
         "top": None,
+        "distinct": False,
     }
     spec = ModelSpec.preset("llama-3.1-70b")
 
@@ -181,7 +182,8 @@ def test_plan_communication_follows_activation_dtype() -> None:
     shared = set(bf16) & set(fp32)
     assert shared
     for key in shared:
-        assert fp32[key] == pytest.approx(2 * bf16[key])
+        # Twice the bytes; the collectives' latency stays the same.
+        assert 1.2 * bf16[key] < fp32[key] < 2 * bf16[key]
 
 
 def test_grid_broadcasts_and_matches_scalar_estimates() -> None:

@@ -18,7 +18,9 @@ __all__ = [
     "get_num_threads",
     "memory_fields",
     "memory_grid",
+    "memory_layer_params",
     "memory_param_counts",
+    "memory_pipeline_layers",
     "memory_stages",
     "pack",
     "set_num_threads",
@@ -101,6 +103,12 @@ class Schedule:
 # memory
 
 def memory_param_counts(spec: dict[str, object]) -> tuple[float, float]: ...
+def memory_pipeline_layers(
+    num_layers: int, pp: int, vpp: int, split: float, first: int, last: int
+) -> list[int] | None: ...
+def memory_layer_params(
+    spec: dict[str, object],
+) -> tuple[list[float], list[float], list[float], float, float]: ...
 def memory_grid(
     spec: dict[str, object],
     shape: list[int],

@@ -12,14 +12,17 @@ from tokenbatch.memory.estimate import (
     estimate_memory_stages,
     max_micro_batch_tokens,
 )
+from tokenbatch.memory.hardware import HARDWARE, Hardware
 from tokenbatch.memory.planner import PlannedLayout, plan
 from tokenbatch.memory.profiling import ProfileResult, master_weight_adamw, profile
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 __all__ = [
     "DTYPE_BYTES",
+    "HARDWARE",
     "OPTIMIZER_STATES",
     "PRESETS",
+    "Hardware",
     "MemoryEstimate",
     "MemoryGrid",
     "ModelSpec",

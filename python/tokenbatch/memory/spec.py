@@ -30,6 +30,8 @@ _INT_FIELDS = (
     "num_shared_experts",
     "moe_ffn_size",
     "first_dense_layers",
+    "router_groups",
+    "router_group_top_k",
     "q_lora_rank",
     "kv_lora_rank",
     "qk_nope_head_dim",
@@ -51,10 +53,13 @@ class ModelSpec:
     ``first_dense_layers`` (leading layers with a dense MLP of ``ffn_size``). Multi-head
     latent attention (DeepSeek-V2/V3) sets ``kv_lora_rank`` > 0 and the head dimensions.
     ``router_bias`` marks sigmoid routing with a per-expert correction bias (DeepSeek-V3);
-    the bias is a buffer, not a parameter. ``mtp_layers`` multi-token-prediction modules
-    (DeepSeek-V3 trains one; Hugging Face's model leaves it out, so the preset and
-    :meth:`from_hf_config` have 0) each add a projection of the two normed inputs
-    (``2h x h``), three norms and a layer like the last one, on the last pipeline stage.
+    the bias is a buffer, not a parameter. ``router_groups`` and ``router_group_top_k``
+    describe group-limited routing (DeepSeek-V3: experts in 8 groups, a token's experts
+    from at most 4), which bounds the nodes a token is dispatched to. ``mtp_layers``
+    multi-token-prediction modules (DeepSeek-V3 trains one; Hugging Face's model leaves it
+    out, so the preset and :meth:`from_hf_config` have 0) each add a projection of the two
+    normed inputs (``2h x h``), three norms and a layer like the last one, on the last
+    pipeline stage.
 
     ``implementation`` says whose kernels run the model, which decides what is saved for
     backward: ``"hf"`` (default) for Hugging Face ``transformers``' PyTorch modules (RMSNorm
@@ -86,6 +91,8 @@ class ModelSpec:
     moe_ffn_size: int = 0
     first_dense_layers: int = 0
     router_bias: bool = False
+    router_groups: int = 0
+    router_group_top_k: int = 0
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
@@ -248,6 +255,8 @@ def _from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
         fields["moe_ffn_size"] = _require(config, "moe_intermediate_size")
         fields["first_dense_layers"] = config.get("first_k_dense_replace") or 0
         fields["router_bias"] = config.get("topk_method", "noaux_tc") == "noaux_tc"
+        fields["router_groups"] = config.get("n_group") or 0
+        fields["router_group_top_k"] = config.get("topk_group") or 0
         fields["q_lora_rank"] = config.get("q_lora_rank") or 0
         fields["kv_lora_rank"] = _require(config, "kv_lora_rank")
         fields["qk_nope_head_dim"] = _require(config, "qk_nope_head_dim")
@@ -324,6 +333,8 @@ PRESETS: dict[str, ModelSpec] = {
             moe_ffn_size=2048,
             first_dense_layers=3,
             router_bias=True,
+            router_groups=8,
+            router_group_top_k=4,
             q_lora_rank=1536,
             kv_lora_rank=512,
             qk_nope_head_dim=128,

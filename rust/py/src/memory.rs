@@ -34,6 +34,8 @@ struct SpecDict {
     moe_ffn_size: u64,
     first_dense_layers: u64,
     router_bias: bool,
+    router_groups: u64,
+    router_group_top_k: u64,
     q_lora_rank: u64,
     kv_lora_rank: u64,
     qk_nope_head_dim: u64,
@@ -65,6 +67,8 @@ impl SpecDict {
             moe_ffn_size: self.moe_ffn_size,
             first_dense_layers: self.first_dense_layers,
             router_bias: self.router_bias,
+            router_groups: self.router_groups,
+            router_group_top_k: self.router_group_top_k,
             q_lora_rank: self.q_lora_rank,
             kv_lora_rank: self.kv_lora_rank,
             qk_nope_head_dim: self.qk_nope_head_dim,
@@ -82,6 +86,45 @@ fn memory_param_counts(spec: SpecDict) -> PyResult<(f64, f64)> {
     let spec = spec.into_core().into_py_result()?;
     spec.validate().into_py_result()?;
     Ok((spec.total_params(), spec.active_params()))
+}
+
+/// Parameters of a dense layer, of an MoE layer, and of an MoE layer counting only the
+/// `top_k` routed experts, each as (replicated, tensor-parallel, key/value, routed experts);
+/// then the embedding and the output projection (0 when tied).
+type LayerParamTable = ([f64; 4], [f64; 4], [f64; 4], f64, f64);
+
+/// Validate a spec and return its per-layer parameter counts (see [`LayerParamTable`]).
+#[pyfunction]
+fn memory_layer_params(spec: SpecDict) -> PyResult<LayerParamTable> {
+    let spec = spec.into_core().into_py_result()?;
+    spec.validate().into_py_result()?;
+    let row = |p: memory::LayerParams| [p.replicated, p.tp_split, p.kv, p.experts];
+    let moe_index = spec.first_dense_layers.min(spec.num_layers - 1);
+    let (embedding, _) = spec.embedding_params();
+    let (_, projection) = spec.head_params(false);
+    Ok((
+        row(spec.layer_params(0, false)),
+        row(spec.layer_params(moe_index, false)),
+        row(spec.layer_params(moe_index, true)),
+        embedding,
+        projection,
+    ))
+}
+
+/// Layers of each pipeline stage under a split rule (a `pipeline_split` code and explicit
+/// first/last stage layers, 0 when not given); `None` when the layers do not split so.
+#[pyfunction]
+fn memory_pipeline_layers(
+    num_layers: u64,
+    pp: u64,
+    vpp: u64,
+    split: f64,
+    first: u64,
+    last: u64,
+) -> Option<Vec<u64>> {
+    let split = memory::PipelineSplit::from_code(split)?;
+    let stages = memory::StageLayers::new(num_layers, pp, vpp, split, first, last)?;
+    Some((0..pp).map(|stage| stages.stage_layers(stage)).collect())
 }
 
 /// A grid's values table and reason codes.
@@ -155,6 +198,8 @@ fn memory_fields() -> (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>) 
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_param_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_layer_params, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_pipeline_layers, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;
     m.add_function(wrap_pyfunction!(memory_fields, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stages, m)?)?;

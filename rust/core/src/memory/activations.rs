@@ -30,7 +30,8 @@
 //!   probabilities, int64 top-k indices, the fp32 sum and normalized weights; `hf`
 //!   sigmoid routers with a correction bias, DeepSeek-V3's, run in fp32: an fp32 copy of
 //!   the input and, for weights not in fp32, of the router weight, the fp32 scores and a
-//!   byte mask per expert); per routed copy of a token the gathered expert input and the
+//!   byte mask per expert, with group-limited routing the int64 indices of the groups' top
+//!   scores and of the chosen groups); per routed copy of a token the gathered expert input and the
 //!   expert output (`2 e h`), the expert's inner activations, its fp32 routing weight and
 //!   the int64 indices of the sort by expert (3 in `hf`'s grouped GEMM, 1 in `fused`);
 //!   shared experts their inner activations.
@@ -239,8 +240,15 @@ impl<'a> Activations<'a> {
             } else {
                 0.0
             };
+            // Group-limited routing keeps the int64 indices of each group's top two scores
+            // and of the chosen groups.
+            let groups = if s.router_groups > 1 {
+                16.0 * s.router_groups as f64 + 8.0 * s.router_group_top_k as f64
+            } else {
+                0.0
+            };
             (
-                input_copy + 5.0 * experts + 12.0 * k + 4.0,
+                input_copy + 5.0 * experts + 12.0 * k + 4.0 + groups,
                 24.0,
                 weight_copy,
             )

@@ -13,12 +13,14 @@
 //!   builds one layer fewer.
 //!
 //! A fourth rule, **auto**, is what a planner uses for a model whose layers do not divide:
-//! the even split when it exists, otherwise middle stages of `ceil(num_layers / pp)` layers
-//! (rounded up to a multiple of `vpp`) with the layers left over taken off the last stage
-//! first, then the first stage, the two stages that also hold the output layer and the
-//! embedding. It reproduces the published layouts of Llama 3.1 405B (126 layers on 16
-//! stages: 7 + 14 x 8 + 7; Dubey et al. 2024, section 3.3.2) and of 61-layer DeepSeek-V3-style
-//! models on 16 stages (3 + 14 x 4 + 2, Megatron-LM's Kimi-K2 configuration).
+//! the even split when it exists; else the embedding and the loss counted as layers, or
+//! the embedding alone, or the loss alone, the first that divides; else middle stages of
+//! `ceil(num_layers / pp)` layers (rounded up to a multiple of `vpp`) with the layers left
+//! over taken off the last stage first, then the first stage, the two stages that also
+//! hold the output layer and the embedding. It reproduces the published layouts of Llama
+//! 3.1 405B (126 layers on 16 stages: 7 + 14 x 8 + 7; Dubey et al. 2024, section 3.3.2) and
+//! of 61-layer DeepSeek-V3-style models on 16 stages (3 + 14 x 4 + 2, Megatron-LM's Kimi-K2
+//! configuration).
 //!
 //! Virtual stage `v = j * pp + i` is chunk `j` of stage `i`; layers are numbered in
 //! virtual-stage order.
@@ -100,17 +102,14 @@ impl StageLayers {
                 if pp == 1 {
                     return None;
                 }
-                let middle = num_layers.div_ceil(chunks) * vpp;
-                let excess = pp * middle - num_layers;
-                if excess % vpp != 0 {
-                    return None;
-                }
-                let last_cut = excess.div_ceil(2 * vpp) * vpp;
-                let first_cut = excess - last_cut;
-                if last_cut >= middle || first_cut >= middle {
-                    return None;
-                }
-                Self::uneven(num_layers, pp, vpp, middle - first_cut, middle - last_cut)
+                [
+                    PipelineSplit::EmbeddingAndLoss,
+                    PipelineSplit::Embedding,
+                    PipelineSplit::Loss,
+                ]
+                .into_iter()
+                .find_map(|rule| Self::new(num_layers, pp, vpp, rule, 0, 0))
+                .or_else(|| Self::fewer_at_the_ends(num_layers, pp, vpp))
             }
             PipelineSplit::Embedding | PipelineSplit::Loss | PipelineSplit::EmbeddingAndLoss => {
                 let embedding_unit = split != PipelineSplit::Loss;
@@ -133,6 +132,22 @@ impl StageLayers {
                 })
             }
         }
+    }
+
+    /// Middle stages of `ceil(num_layers / pp)` layers (a multiple of `vpp`), the layers
+    /// left over taken off the last stage, then the first.
+    fn fewer_at_the_ends(num_layers: u64, pp: u64, vpp: u64) -> Option<Self> {
+        let middle = num_layers.div_ceil(pp * vpp) * vpp;
+        let excess = pp * middle - num_layers;
+        if excess % vpp != 0 {
+            return None;
+        }
+        let last_cut = excess.div_ceil(2 * vpp) * vpp;
+        let first_cut = excess - last_cut;
+        if last_cut >= middle || first_cut >= middle {
+            return None;
+        }
+        Self::uneven(num_layers, pp, vpp, middle - first_cut, middle - last_cut)
     }
 
     /// Megatron's explicit first/last stage sizes (0: not given), the rest split evenly.

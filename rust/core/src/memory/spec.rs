@@ -107,6 +107,11 @@ pub struct ModelSpec {
     /// `e_score_correction_bias`). The bias is a buffer, updated by the load-balancing rule
     /// rather than by gradients, so it is not a parameter.
     pub router_bias: bool,
+    /// Group-limited routing (DeepSeek-V3's `n_group`): experts in this many groups; 1 or
+    /// 0 for no groups.
+    pub router_groups: u64,
+    /// Groups a token's experts may come from (DeepSeek-V3's `topk_group`).
+    pub router_group_top_k: u64,
     /// Multi-head latent attention (DeepSeek): 0 means a full-rank query projection.
     pub q_lora_rank: u64,
     /// Multi-head latent attention: 0 means ordinary (GQA) attention.
@@ -185,6 +190,17 @@ impl ModelSpec {
                 return Err(Error::invalid(
                     "moe_ffn_size must be positive for an MoE model",
                 ));
+            }
+            if self.router_groups > 1
+                && (self.num_experts % self.router_groups != 0
+                    || self.router_group_top_k == 0
+                    || self.router_group_top_k > self.router_groups)
+            {
+                return Err(Error::invalid(format!(
+                    "router_groups={} must divide num_experts={} and router_group_top_k={} \
+                     be in [1, router_groups]",
+                    self.router_groups, self.num_experts, self.router_group_top_k
+                )));
             }
             if self.first_dense_layers > self.num_layers {
                 return Err(Error::invalid(format!(
