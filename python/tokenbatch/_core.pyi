@@ -19,6 +19,7 @@ __all__ = [
     "memory_fields",
     "memory_grid",
     "memory_layer_params",
+    "memory_name_codes",
     "memory_param_counts",
     "memory_pipeline_layers",
     "memory_stages",
@@ -112,9 +113,12 @@ def memory_layer_params(
 def memory_grid(
     spec: dict[str, object],
     shape: list[int],
-    inputs: list[tuple[npt.NDArray[np.float64], list[int]]],
+    inputs: list[tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64], list[int]]],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
 def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
+def memory_name_codes(
+    text: npt.NDArray[np.uint32], names: list[str], codes: list[float]
+) -> npt.NDArray[np.float64]: ...
 def memory_stages(
     spec: dict[str, object], layout: Sequence[float]
 ) -> tuple[npt.NDArray[np.float64], int]: ...

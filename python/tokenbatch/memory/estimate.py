@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 _F64 = npt.NDArray[np.float64]
+# What the grid reads in place: float64 or int64.
+_Numbers = npt.NDArray[np.float64] | npt.NDArray[np.int64]
 
 LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES = (list(x) for x in _core.memory_fields())
 
@@ -119,37 +121,53 @@ OPTIONS = tuple(_DEFAULTS)
 GIB = 1024**3
 
 
-def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _F64:
-    """Map option names (or arrays of them) to codes; unknown names become NaN (invalid)."""
+def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _Numbers:
+    """Map option names (or arrays of them) to codes; unknown names become NaN (invalid).
+
+    A string array is matched against the known names in Rust, in parallel (a million
+    names cost a few milliseconds, not a million dictionary look-ups); what matches none
+    (other capitalizations, unknown names) is looked up per distinct value.
+    """
     array = np.asarray(value)
-    if array.dtype.kind in "UO":
-        flat = [table.get(str(v).lower(), math.nan) for v in array.ravel()]
-        codes = np.asarray(flat, dtype=np.float64).reshape(array.shape)
-        if strict and np.isnan(codes).any():
-            raise InvalidValueError(
-                f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
-            )
-        return codes
-    return _numeric(name, array)
+    if array.dtype.kind not in "UO":
+        return _numeric(name, array)
+    text = np.ascontiguousarray(array if array.dtype.kind == "U" else array.astype(str))
+    rows = text.reshape(-1).view(np.uint32).reshape(text.size, -1)
+    codes: _F64 = _core.memory_name_codes(rows, list(table), [float(c) for c in table.values()])
+    unmatched = np.isnan(codes)
+    if unmatched.any():
+        names_left, inverse = np.unique(text.reshape(-1)[unmatched], return_inverse=True)
+        lower = [table.get(n.lower(), math.nan) for n in names_left]
+        codes[unmatched] = np.asarray(lower, dtype=np.float64)[inverse]
+    codes = codes.reshape(text.shape)
+    if strict and np.isnan(codes).any():
+        raise InvalidValueError(
+            f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
+        )
+    return codes
 
 
-def _numeric(name: str, value: Any) -> _F64:
+def _numeric(name: str, value: Any) -> _Numbers:
+    """A number or an array of numbers as the grid reads them, in place: contiguous int64
+    or float64 (other dtypes are converted once)."""
     array = np.asarray(value)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind in "iub":
+        return np.ascontiguousarray(array, dtype=np.int64)
+    if array.dtype.kind != "f":
         raise InvalidTypeError(f"{name} must be a number or an array of numbers, got {value!r}")
     return np.ascontiguousarray(array, dtype=np.float64)
 
 
-def _optional_count(name: str, value: Any) -> _F64:
+def _optional_count(name: str, value: Any) -> _Numbers:
     """A count where None means "not set" (0 for the core)."""
     return _numeric(name, 0 if value is None else value)
 
 
-def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _F64:
+def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _Numbers:
     return _lookup(name, value, DTYPE_BYTES, strict=strict)
 
 
-def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F64]:
+def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Numbers]:
     """Turn user options into the core's numeric layout fields (compact, unbroadcast)."""
     unknown = set(options) - set(_DEFAULTS) - {"seq_len"}
     if unknown:
@@ -177,7 +195,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         master = 4.0 * _numeric("master_weights", o["master_weights"])
     states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
     state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
-    fields: dict[str, _F64] = {
+    fields: dict[str, _Numbers] = {
         "seq_len": _numeric("seq_len", o["seq_len"]),
         "micro_batch": _numeric("micro_batch", o["micro_batch"]),
         "dp": _numeric("dp", o["dp"]),
@@ -192,7 +210,9 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         "grad_accum_steps": _optional_count("grad_accum_steps", o["grad_accum_steps"]),
         "param_bytes": param,
         "grad_bytes": grad,
-        "grad_buffer_bytes": 4.0 * _numeric("fp32_grad_accum", o["fp32_grad_accum"]),
+        "grad_buffer_bytes": np.multiply(
+            4.0, _numeric("fp32_grad_accum", o["fp32_grad_accum"]), dtype=np.float64
+        ),
         "master_bytes": np.ascontiguousarray(master, dtype=np.float64),
         "optimizer_state_bytes": np.ascontiguousarray(state_bytes, dtype=np.float64),
         "activation_bytes": act,
@@ -227,7 +247,7 @@ def scalar_inputs(options: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _run_grid(
-    spec: ModelSpec, fields: Mapping[str, _F64]
+    spec: ModelSpec, fields: Mapping[str, _Numbers]
 ) -> tuple[tuple[int, ...], _F64, npt.NDArray[np.uint8]]:
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
@@ -390,7 +410,7 @@ def estimate_memory_stages(
     return [_estimate_from_row(spec, seq_len, options, fields, row) for row in rows]
 
 
-def _scalar_fields(seq_len: int, options: Mapping[str, Any]) -> dict[str, _F64]:
+def _scalar_fields(seq_len: int, options: Mapping[str, Any]) -> dict[str, _Numbers]:
     for name, value in (("seq_len", seq_len), *options.items()):
         if np.ndim(value) != 0:
             raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
@@ -401,7 +421,7 @@ def _estimate_from_row(
     spec: ModelSpec,
     seq_len: int,
     options: Mapping[str, Any],
-    fields: Mapping[str, _F64],
+    fields: Mapping[str, _Numbers],
     row: _F64,
 ) -> MemoryEstimate:
     values = dict(zip(OUTPUT_FIELDS, row.tolist(), strict=True))

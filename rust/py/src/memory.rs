@@ -1,9 +1,10 @@
 //! Bindings of `tokenbatch_core::memory`.
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType, INVALID_REASONS,
+    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType, Values, INVALID_REASONS,
     LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
@@ -130,6 +131,13 @@ fn memory_pipeline_layers(
 /// A grid's values table and reason codes.
 type GridArrays<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u8>>);
 
+/// A grid input's values: float64 or int64, read in place.
+#[derive(FromPyObject)]
+enum NumberArray<'py> {
+    F64(PyReadonlyArray1<'py, f64>),
+    I64(PyReadonlyArray1<'py, i64>),
+}
+
 /// Evaluate a broadcast grid; returns the `(len(OUTPUT_FIELDS), cells)` table, flat and
 /// row-major (one contiguous run per field), and the per-cell reason codes (0: valid).
 #[pyfunction]
@@ -137,13 +145,17 @@ fn memory_grid<'py>(
     py: Python<'py>,
     spec: SpecDict,
     shape: Vec<usize>,
-    inputs: Vec<(PyReadonlyArray1<'py, f64>, Vec<usize>)>,
+    inputs: Vec<(NumberArray<'py>, Vec<usize>)>,
 ) -> PyResult<GridArrays<'py>> {
     let spec = spec.into_core().into_py_result()?;
     let slices = inputs
         .iter()
         .map(|(array, strides)| {
-            as_slice(array).map(|data| GridInput {
+            let data = match array {
+                NumberArray::F64(array) => Values::F64(as_slice(array)?),
+                NumberArray::I64(array) => Values::I64(as_slice(array)?),
+            };
+            Ok(GridInput {
                 data,
                 strides: strides.as_slice(),
             })
@@ -156,6 +168,30 @@ fn memory_grid<'py>(
         table.values.into_pyarray(py),
         table.reasons.into_pyarray(py),
     ))
+}
+
+/// For each row of `text` (a numpy `<U` array viewed as `(n, width)` uint32 code points),
+/// the code of the name it equals (`codes[i]` for `names[i]`), or NaN.
+#[pyfunction]
+fn memory_name_codes<'py>(
+    py: Python<'py>,
+    text: PyReadonlyArray2<'py, u32>,
+    names: Vec<String>,
+    codes: Vec<f64>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let width = text.shape()[1];
+    let points = text
+        .as_slice()
+        .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))?;
+    if names.len() != codes.len() {
+        return Err(PyValueError::new_err("one code per name"));
+    }
+    let names: Vec<Vec<u32>> = names
+        .iter()
+        .map(|name| name.chars().map(u32::from).collect())
+        .collect();
+    let found = detach_parallel(py, || memory::name_codes(points, width, &names, &codes));
+    Ok(found.into_pyarray(py))
 }
 
 /// Every pipeline stage of one configuration (layout values in `LAYOUT_FIELDS` order):
@@ -201,6 +237,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_layer_params, m)?)?;
     m.add_function(wrap_pyfunction!(memory_pipeline_layers, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_name_codes, m)?)?;
     m.add_function(wrap_pyfunction!(memory_fields, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stages, m)?)?;
     Ok(())

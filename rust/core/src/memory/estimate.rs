@@ -189,26 +189,16 @@ fn ceil(x: f64) -> f64 {
     }
 }
 
-/// Whether a finite `x` is a whole number (as [`ceil`], without a libm call).
-#[inline]
-fn is_whole(x: f64) -> bool {
-    if x.abs() < 9.0e18 {
-        x as i64 as f64 == x
-    } else {
-        x.fract() == 0.0
-    }
-}
+const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
 
-fn is_pos_int(x: f64) -> bool {
-    x.is_finite() && x >= 1.0 && is_whole(x)
-}
-
-fn is_count(x: f64) -> bool {
-    x.is_finite() && x >= 0.0 && is_whole(x)
-}
-
-fn is_flag(x: f64) -> bool {
-    x == 0.0 || x == 1.0
+/// Whether `x` is a whole number in `[low, high]` (`0 <= low`, `high` finite), without
+/// branches or conversions (a grid checks every value of a list of configurations):
+/// below 2^52, adding and removing 2^52 rounds `x` to an integer (it changes only a
+/// fractional `x`); from 2^52 on every double is whole. NaN fails every comparison.
+#[inline(always)]
+fn is_whole_in(x: f64, low: f64, high: f64) -> bool {
+    let whole = (x >= TWO_POW_52) | ((x + TWO_POW_52) - TWO_POW_52 == x);
+    (x >= low) & (x <= high) & whole
 }
 
 /// Whether `d` (a validated positive whole number) divides `n`. Integer arithmetic,
@@ -240,46 +230,83 @@ fn check_fields(l: &Layout) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// What the value of a layout field must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FieldRule {
+    PositiveInteger,
+    /// A non-negative whole number.
+    Count,
+    /// 0, 1, 2 or 3.
+    ZeroStage,
+    /// 0 or 1.
+    Flag,
+    /// 0, 1 or 2.
+    ThreeWay,
+    /// A [`PipelineSplit`] code.
+    PipelineSplit,
+    /// A finite number at least 0.
+    NonNegative,
+    /// A number between 0 and 1.
+    Fraction,
+}
+
+impl FieldRule {
+    #[inline(always)]
+    pub(crate) fn accepts(self, x: f64) -> bool {
+        match self {
+            FieldRule::PositiveInteger => is_whole_in(x, 1.0, f64::MAX),
+            FieldRule::Count => is_whole_in(x, 0.0, f64::MAX),
+            FieldRule::ZeroStage => is_whole_in(x, 0.0, 3.0),
+            FieldRule::Flag => is_whole_in(x, 0.0, 1.0),
+            FieldRule::ThreeWay => is_whole_in(x, 0.0, 2.0),
+            FieldRule::PipelineSplit => is_whole_in(x, 0.0, 4.0),
+            FieldRule::NonNegative => (0.0..=f64::MAX).contains(&x),
+            FieldRule::Fraction => (0.0..=1.0).contains(&x),
+        }
+    }
+}
+
+/// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))
+/// follows, and the reason reported when a value breaks it.
+pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
+    use FieldRule as R;
+    match field {
+        0 => (R::PositiveInteger, Invalid::SeqLen),
+        1 => (R::PositiveInteger, Invalid::MicroBatch),
+        2 => (R::PositiveInteger, Invalid::Dp),
+        3 => (R::PositiveInteger, Invalid::Tp),
+        4 => (R::PositiveInteger, Invalid::Pp),
+        5 => (R::PositiveInteger, Invalid::Cp),
+        6 => (R::PositiveInteger, Invalid::Ep),
+        7 => (R::PositiveInteger, Invalid::Vpp),
+        8 => (R::ZeroStage, Invalid::Zero),
+        9 => (R::Flag, Invalid::SequenceParallel),
+        10 => (R::ThreeWay, Invalid::Recompute),
+        11 => (R::Count, Invalid::GradAccumSteps),
+        19 => (R::Flag, Invalid::ActivationModel),
+        20 => (R::Flag, Invalid::Attention),
+        21 => (R::Flag, Invalid::FusedSwiglu),
+        23 => (R::Count, Invalid::FirstStageLayers),
+        24 => (R::Count, Invalid::LastStageLayers),
+        25 => (R::PipelineSplit, Invalid::PipelineSplit),
+        26 => (R::NonNegative, Invalid::MoeCapacityFactor),
+        27 => (R::ThreeWay, Invalid::CpComm),
+        28 => (R::Flag, Invalid::Loss),
+        29 => (R::Flag, Invalid::Fp8),
+        30 => (R::Fraction, Invalid::OptimizerOffload),
+        // 12..=18 and 22: byte counts.
+        _ => (R::NonNegative, Invalid::Bytes),
+    }
+}
+
 /// Check the value of field `field` (an index into
 /// [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS)) on its own.
 ///
 /// A grid checks each distinct value of an input once with this, rather than every field
 /// of every cell.
 pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
-    let (ok, reason) = match field {
-        0 => (is_pos_int(x), Invalid::SeqLen),
-        1 => (is_pos_int(x), Invalid::MicroBatch),
-        2 => (is_pos_int(x), Invalid::Dp),
-        3 => (is_pos_int(x), Invalid::Tp),
-        4 => (is_pos_int(x), Invalid::Pp),
-        5 => (is_pos_int(x), Invalid::Cp),
-        6 => (is_pos_int(x), Invalid::Ep),
-        7 => (is_pos_int(x), Invalid::Vpp),
-        8 => (
-            x.is_finite() && is_whole(x) && (0.0..=3.0).contains(&x),
-            Invalid::Zero,
-        ),
-        9 => (is_flag(x), Invalid::SequenceParallel),
-        10 => (x == 0.0 || x == 1.0 || x == 2.0, Invalid::Recompute),
-        11 => (is_count(x), Invalid::GradAccumSteps),
-        19 => (is_flag(x), Invalid::ActivationModel),
-        20 => (is_flag(x), Invalid::Attention),
-        21 => (is_flag(x), Invalid::FusedSwiglu),
-        23 => (is_count(x), Invalid::FirstStageLayers),
-        24 => (is_count(x), Invalid::LastStageLayers),
-        25 => (
-            PipelineSplit::from_code(x).is_some(),
-            Invalid::PipelineSplit,
-        ),
-        26 => (x.is_finite() && x >= 0.0, Invalid::MoeCapacityFactor),
-        27 => (x == 0.0 || x == 1.0 || x == 2.0, Invalid::CpComm),
-        28 => (is_flag(x), Invalid::Loss),
-        29 => (is_flag(x), Invalid::Fp8),
-        30 => ((0.0..=1.0).contains(&x), Invalid::OptimizerOffload),
-        // 12..=18 and 22: byte counts.
-        _ => (x.is_finite() && x >= 0.0, Invalid::Bytes),
-    };
-    if ok {
+    let (rule, reason) = field_rule(field);
+    if rule.accepts(x) {
         Ok(())
     } else {
         Err(reason)

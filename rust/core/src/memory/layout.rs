@@ -157,39 +157,53 @@ impl Default for Layout {
 impl Layout {
     /// Build a layout from values in [`LAYOUT_FIELDS`] order.
     pub fn from_values(v: &[f64; N_LAYOUT_FIELDS]) -> Self {
-        Layout {
-            seq_len: v[0],
-            micro_batch: v[1],
-            dp: v[2],
-            tp: v[3],
-            pp: v[4],
-            cp: v[5],
-            ep: v[6],
-            vpp: v[7],
-            zero: v[8],
-            sequence_parallel: v[9],
-            recompute: v[10],
-            grad_accum_steps: v[11],
-            param_bytes: v[12],
-            grad_bytes: v[13],
-            grad_buffer_bytes: v[14],
-            master_bytes: v[15],
-            optimizer_state_bytes: v[16],
-            activation_bytes: v[17],
-            logits_bytes: v[18],
-            activation_model: v[19],
-            attention: v[20],
-            fused_swiglu: v[21],
-            overhead_bytes: v[22],
-            first_stage_layers: v[23],
-            last_stage_layers: v[24],
-            pipeline_split: v[25],
-            moe_capacity_factor: v[26],
-            cp_comm: v[27],
-            loss: v[28],
-            fp8: v[29],
-            optimizer_offload: v[30],
+        let mut layout = Layout::default();
+        for (field, &value) in v.iter().enumerate() {
+            layout.set(field, value);
         }
+        layout
+    }
+
+    /// Set field `field` (an index into [`LAYOUT_FIELDS`]; others are ignored).
+    ///
+    /// A grid updates the fields that change from one cell to the next in place.
+    #[inline]
+    pub fn set(&mut self, field: usize, value: f64) {
+        let slot = match field {
+            0 => &mut self.seq_len,
+            1 => &mut self.micro_batch,
+            2 => &mut self.dp,
+            3 => &mut self.tp,
+            4 => &mut self.pp,
+            5 => &mut self.cp,
+            6 => &mut self.ep,
+            7 => &mut self.vpp,
+            8 => &mut self.zero,
+            9 => &mut self.sequence_parallel,
+            10 => &mut self.recompute,
+            11 => &mut self.grad_accum_steps,
+            12 => &mut self.param_bytes,
+            13 => &mut self.grad_bytes,
+            14 => &mut self.grad_buffer_bytes,
+            15 => &mut self.master_bytes,
+            16 => &mut self.optimizer_state_bytes,
+            17 => &mut self.activation_bytes,
+            18 => &mut self.logits_bytes,
+            19 => &mut self.activation_model,
+            20 => &mut self.attention,
+            21 => &mut self.fused_swiglu,
+            22 => &mut self.overhead_bytes,
+            23 => &mut self.first_stage_layers,
+            24 => &mut self.last_stage_layers,
+            25 => &mut self.pipeline_split,
+            26 => &mut self.moe_capacity_factor,
+            27 => &mut self.cp_comm,
+            28 => &mut self.loss,
+            29 => &mut self.fp8,
+            30 => &mut self.optimizer_offload,
+            _ => return,
+        };
+        *slot = value;
     }
 
     /// The values in [`LAYOUT_FIELDS`] order.

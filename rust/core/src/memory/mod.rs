@@ -16,7 +16,9 @@ pub use estimate::{
     check_field, estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS,
     OUTPUT_FIELDS,
 };
-pub use grid::{estimate_all_stages, estimate_grid, estimate_one, GridInput, GridTable};
+pub use grid::{
+    estimate_all_stages, estimate_grid, estimate_one, name_codes, GridInput, GridTable, Values,
+};
 pub use layout::{
     ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
 };

@@ -536,12 +536,15 @@ fn grid_inputs<'a>(
     let mut inputs: Vec<GridInput<'a>> = defaults
         .iter()
         .map(|v| GridInput {
-            data: std::slice::from_ref(v),
+            data: std::slice::from_ref(v).into(),
             strides: scalar_strides,
         })
         .collect();
     for &(field, data, strides) in varying {
-        inputs[field] = GridInput { data, strides };
+        inputs[field] = GridInput {
+            data: data.into(),
+            strides,
+        };
     }
     inputs
 }
@@ -579,7 +582,7 @@ fn grid_broadcasts_and_marks_invalid_cells() {
     // tp = 3 divides neither the 32 heads nor the 8 KV heads.
     assert_eq!(invalid, 2);
     let bad = GridInput {
-        data: &tp,
+        data: tp[..].into(),
         strides: &[1, 1],
     };
     inputs[3] = bad;
@@ -905,4 +908,169 @@ proptest! {
             }
         }
     }
+}
+
+/// seq_len, dp, tp, pp, recompute, pipeline split, expert parallelism (0: 1, 1: 2).
+type ListCell = (f64, f64, f64, f64, u32, u32, u32);
+
+proptest! {
+    #[test]
+    fn a_list_of_configurations_equals_single_estimates(
+        cells in prop::collection::vec(
+            (
+                prop::sample::select(vec![1024.0, 4096.0, 8192.0, -1.0]),
+                prop::sample::select(vec![1.0, 2.0, 3.0, 8.0]),
+                prop::sample::select(vec![1.0, 2.0, 4.0, 3.0]),
+                prop::sample::select(vec![1.0, 2.0, 3.0, 4.0]),
+                0u32..5,
+                0u32..3,
+                0u32..2,
+            ),
+            1..200,
+        ),
+        zero in prop::sample::select(vec![0.0, 1.0, 7.0]),
+    ) {
+        // Columns for seq_len, dp, tp, pp, zero... and a scalar `zero` that may itself be
+        // invalid (then every cell reports it, unless an earlier field fails first).
+        let spec = mixtral();
+        let defaults = Layout::default().to_values();
+        let column = |f: &dyn Fn(&ListCell) -> f64| -> Vec<f64> {
+            cells.iter().map(f).collect()
+        };
+        let seq = column(&|c| c.0);
+        let dp = column(&|c| c.1);
+        let tp = column(&|c| c.2);
+        let pp = column(&|c| c.3);
+        let recompute = column(&|c| f64::from(c.4));
+        let split = column(&|c| f64::from(c.5));
+        let ep = column(&|c| if c.6 == 1 { 2.0 } else { 1.0 });
+        let zero_value = [zero];
+        let mut inputs = grid_inputs(
+            &defaults,
+            &[0],
+            &[
+                (0, &seq, &[1]),
+                (2, &dp, &[1]),
+                (3, &tp, &[1]),
+                (4, &pp, &[1]),
+                (6, &ep, &[1]),
+                (10, &recompute, &[1]),
+                (25, &split, &[1]),
+            ],
+        );
+        inputs[8] = GridInput { data: zero_value[..].into(), strides: &[0] };
+        let out = estimate_grid(&spec, &[cells.len()], &inputs).unwrap();
+        for (i, _) in cells.iter().enumerate() {
+            let layout = Layout {
+                seq_len: seq[i],
+                dp: dp[i],
+                tp: tp[i],
+                pp: pp[i],
+                ep: ep[i],
+                recompute: recompute[i],
+                pipeline_split: split[i],
+                zero,
+                ..Layout::default()
+            };
+            let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[i]).collect();
+            match estimate_one(&spec, &layout).unwrap() {
+                Ok(b) => {
+                    prop_assert_eq!(out.reasons[i], 0);
+                    prop_assert_eq!(row, b.to_values().to_vec());
+                }
+                Err(reason) => {
+                    prop_assert_eq!(out.reasons[i], reason.code());
+                    prop_assert!(row.iter().all(|v| v.is_nan()));
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn field_checks_are_the_plain_definitions(
+        field in 0usize..N_LAYOUT_FIELDS,
+        x in prop_oneof![
+            prop::sample::select(vec![
+                0.0, -0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 1.5, -1.0, 2.0f64.powi(52),
+                2.0f64.powi(52) + 1.0, 2.0f64.powi(53) + 2.0, 1e300, f64::MAX, f64::INFINITY,
+                f64::NEG_INFINITY, f64::NAN, f64::MIN_POSITIVE, 4503599627370495.5,
+            ]),
+            any::<f64>(),
+            (0u64..10).prop_map(|n| n as f64),
+        ],
+    ) {
+        // The branch-free checks, against their definitions.
+        let whole = x.is_finite() && x.fract() == 0.0;
+        let expected = match field {
+            0..=7 => whole && x >= 1.0,
+            8 => whole && (0.0..=3.0).contains(&x),
+            9 | 19 | 20 | 21 | 28 | 29 => x == 0.0 || x == 1.0,
+            10 | 27 => x == 0.0 || x == 1.0 || x == 2.0,
+            11 | 23 | 24 => whole && x >= 0.0,
+            25 => whole && (0.0..=4.0).contains(&x),
+            30 => (0.0..=1.0).contains(&x),
+            _ => x.is_finite() && x >= 0.0,
+        };
+        prop_assert_eq!(check_field(field, x).is_ok(), expected, "field {} x {}", field, x);
+    }
+}
+
+#[test]
+fn set_writes_the_field_named_by_its_index() {
+    for field in 0..N_LAYOUT_FIELDS {
+        let mut layout = Layout::default();
+        layout.set(field, 1234.5);
+        let values = layout.to_values();
+        for (other, &value) in values.iter().enumerate() {
+            let expected = if other == field {
+                1234.5
+            } else {
+                Layout::default().to_values()[other]
+            };
+            assert_eq!(value, expected, "set({field}) changed field {other}");
+        }
+        assert_eq!(Layout::from_values(&values), layout);
+    }
+    let mut layout = Layout::default();
+    layout.set(N_LAYOUT_FIELDS, 1.0);
+    assert_eq!(layout, Layout::default());
+}
+
+#[test]
+fn name_codes_match_whole_fixed_width_names() {
+    let row = |s: &str, width: usize| -> Vec<u32> {
+        let mut codes: Vec<u32> = s.chars().map(u32::from).collect();
+        codes.resize(width, 0);
+        codes
+    };
+    let names: Vec<Vec<u32>> = ["none", "selective", "full"]
+        .iter()
+        .map(|s| s.chars().map(u32::from).collect())
+        .collect();
+    let words = ["full", "none", "nonex", "selective", "", "Full", "fullx"];
+    let text: Vec<u32> = words.iter().flat_map(|w| row(w, 9)).collect();
+    let codes = [0.0, 1.0, 2.0];
+    let found = name_codes(&text, 9, &names, &codes);
+    let shown: Vec<Option<usize>> = found
+        .iter()
+        .map(|&x| (!x.is_nan()).then_some(x as usize))
+        .collect();
+    assert_eq!(shown, [Some(2), Some(0), None, Some(1), None, None, None]);
+    // A name longer than the strings cannot match; an empty array gives no indices.
+    let narrow: Vec<u32> = ["full", "none"].iter().flat_map(|w| row(w, 4)).collect();
+    let found = name_codes(&narrow, 4, &names, &codes);
+    assert_eq!(found[0], 2.0);
+    assert_eq!(found[1], 0.0);
+    assert!(name_codes(&[], 4, &names, &codes).is_empty());
+    // Many rows, across parallel chunks.
+    let many: Vec<u32> = (0..10_000)
+        .flat_map(|i| row(["none", "full"][i % 2], 9))
+        .collect();
+    let found = name_codes(&many, 9, &names, &[7.0, 8.0, 9.0]);
+    assert!(found
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == [7.0, 9.0][i % 2]));
 }
