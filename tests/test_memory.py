@@ -219,6 +219,33 @@ def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
         grid.total[0, 0, 0] = 1.0
 
 
+def test_grid_of_scattered_configurations_reads_any_number_dtype() -> None:
+    # A list of configurations (every input one value per cell) gives what each one
+    # alone gives, whatever the arrays' dtypes, with names matched in any case.
+    rng = np.random.default_rng(1)
+    n = 5000
+    columns: dict[str, Any] = {
+        "seq_len": rng.choice([1024, 4096, 8192], n),
+        "tp": rng.choice(np.array([1, 2, 3, 8], dtype=np.uint8), n),
+        "pp": rng.choice([1.0, 2.0, 4.0], n),
+        "sequence_parallel": rng.integers(0, 2, n).astype(bool),
+        "recompute": rng.choice(["none", "FULL", "Selective", "bogus"], n),
+        "zero": rng.choice(np.array([0, 1, 3], dtype=np.int32), n),
+    }
+    grid = estimate_memory_grid(LLAMA_8B, dp=8, **columns)
+    assert grid.shape == (n,)
+    for i in range(0, n, 97):
+        cell = {k: v[i].item() for k, v in columns.items()}
+        if cell["recompute"] == "bogus" or cell["tp"] == 3:
+            assert not grid.valid[i]
+            continue
+        one = estimate_memory(LLAMA_8B, dp=8, **cell)
+        assert grid.total[i] == one.total
+    reasons = set(grid.reasons()[~grid.valid].tolist())
+    assert any("recompute" in r for r in reasons)
+    assert "tp must divide num_heads" in reasons
+
+
 def test_grid_marks_each_invalid_cell_with_its_reason() -> None:
     grid = estimate_memory_grid(
         LLAMA_8B,
