@@ -267,6 +267,10 @@ impl<'a> Activations<'a> {
     }
 
     /// One layer per token, and its bytes per micro-batch that do not scale with tokens.
+    ///
+    /// Inlined: a grid calls it for every cell, and the result returned through memory
+    /// stalled when copied back over its fresh stores.
+    #[inline(always)]
     pub fn layer(&self, moe: bool) -> (LayerActs, f64) {
         let h = self.spec.hidden_size as f64;
         let (mlp, fixed) = self.mlp(moe);
@@ -333,6 +337,7 @@ impl<'a> Activations<'a> {
     }
 
     /// Korthikanti et al. 2022, table 2, per token of one layer.
+    #[inline(always)]
     pub fn korthikanti_layer(&self) -> LayerActs {
         let (s, c) = (self.spec, &self.c);
         let h = s.hidden_size as f64;

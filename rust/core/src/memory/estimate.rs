@@ -314,7 +314,9 @@ pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
 }
 
 /// Check how a configuration whose fields each passed [`check_field`] fits the model, and
-/// split its layers over the pipeline stages.
+/// split its layers over the pipeline stages. Inlined, so that the split is built where it
+/// is used rather than copied out of a return slot for every cell of a grid.
+#[inline(always)]
 fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
     if !divides(l.tp, spec.num_heads) {
         return Err(Invalid::TpHeads);
@@ -456,6 +458,9 @@ struct Config<'a> {
 }
 
 impl<'a> Config<'a> {
+    /// Inlined: a grid builds one for every cell, and a `Config` returned through memory
+    /// stalled when its fields were read back in pairs over their fresh stores.
+    #[inline(always)]
     fn new(prep: &'a Prepared, l: &'a Layout, stages: StageLayers) -> Self {
         let spec = &prep.spec;
         let t = l.tp;
@@ -602,7 +607,9 @@ impl<'a> Config<'a> {
         (dense as f64, (layers - dense) as f64)
     }
 
-    /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers.
+    /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers. Inlined, for the
+    /// same reason as [`Config::new`].
+    #[inline(always)]
     fn stage(&self, stage: u64, (n_dense, n_moe): (f64, f64)) -> Breakdown {
         let (prep, l, spec) = (self.prep, self.l, &self.prep.spec);
         let (pp, vpp) = (self.pp, self.vpp);

@@ -52,20 +52,32 @@ impl PipelineSplit {
 
 /// Layers per virtual stage: chunks of the first, middle and last stages, and the one
 /// layer fewer that an accounted embedding (loss) takes from the very first (last) chunk.
+///
+/// Packed in one word (five 12-bit sizes and two flags): a grid builds a split for every
+/// cell, and any larger value went through memory, where reading it back over its fresh
+/// narrower stores stalled (a sixth of a grid's time). Sizes above 4,095 are refused (no
+/// model has that many layers in a chunk, or stages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StageLayers {
-    pub pp: u64,
-    pub vpp: u64,
-    first_chunk: u64,
-    middle_chunk: u64,
-    last_chunk: u64,
-    embedding_unit: bool,
-    loss_unit: bool,
-}
+pub struct StageLayers(u64);
+
+const SIZE_BITS: u32 = 12;
+const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
+const PP: u32 = 0;
+const VPP: u32 = 1;
+const FIRST: u32 = 2;
+const MIDDLE: u32 = 3;
+const LAST: u32 = 4;
+const EMBEDDING_UNIT: u64 = 1 << (5 * SIZE_BITS);
+const LOSS_UNIT: u64 = 1 << (5 * SIZE_BITS + 1);
 
 impl StageLayers {
     /// The split of `num_layers` layers, or `None` when the rule cannot split them.
     /// `first` and `last` are explicit layer counts (0: not given; only with `Even`).
+    ///
+    /// Inlined, with no recursion, so that a grid builds the split in place for every cell
+    /// (returned through memory, it was a quarter of a grid's time, its copy stalling on
+    /// the fresh stores).
+    #[inline(always)]
     pub fn new(
         num_layers: u64,
         pp: u64,
@@ -77,65 +89,110 @@ impl StageLayers {
         if pp == 0 || vpp == 0 {
             return None;
         }
-        let even = |chunk: u64| StageLayers {
-            pp,
-            vpp,
-            first_chunk: chunk,
-            middle_chunk: chunk,
-            last_chunk: chunk,
-            embedding_unit: false,
-            loss_unit: false,
-        };
         if first > 0 || last > 0 {
             if split != PipelineSplit::Even || pp == 1 {
                 return None;
             }
             return Self::uneven(num_layers, pp, vpp, first, last);
         }
-        let chunks = pp * vpp;
         match split {
-            PipelineSplit::Even => (num_layers % chunks == 0).then(|| even(num_layers / chunks)),
-            PipelineSplit::Auto => {
-                if num_layers % chunks == 0 {
-                    return Some(even(num_layers / chunks));
-                }
+            PipelineSplit::Even => Self::even(num_layers, pp, vpp),
+            PipelineSplit::Auto => Self::even(num_layers, pp, vpp).or_else(|| {
                 if pp == 1 {
                     return None;
                 }
-                [
-                    PipelineSplit::EmbeddingAndLoss,
-                    PipelineSplit::Embedding,
-                    PipelineSplit::Loss,
-                ]
-                .into_iter()
-                .find_map(|rule| Self::new(num_layers, pp, vpp, rule, 0, 0))
-                .or_else(|| Self::fewer_at_the_ends(num_layers, pp, vpp))
-            }
-            PipelineSplit::Embedding | PipelineSplit::Loss | PipelineSplit::EmbeddingAndLoss => {
-                let embedding_unit = split != PipelineSplit::Loss;
-                let loss_unit = split != PipelineSplit::Embedding;
-                let units = num_layers + u64::from(embedding_unit) + u64::from(loss_unit);
-                if units % chunks != 0 {
-                    return None;
-                }
-                let chunk = units / chunks;
-                // The chunk that loses a layer to both units (pp = vpp = 1) needs two.
-                let taken = if chunks == 1 {
-                    u64::from(embedding_unit) + u64::from(loss_unit)
-                } else {
-                    1
-                };
-                (chunk >= taken).then_some(StageLayers {
-                    embedding_unit,
-                    loss_unit,
-                    ..even(chunk)
-                })
-            }
+                Self::accounted(num_layers, pp, vpp, 1, 1)
+                    .or_else(|| Self::accounted(num_layers, pp, vpp, 1, 0))
+                    .or_else(|| Self::accounted(num_layers, pp, vpp, 0, 1))
+                    .or_else(|| Self::fewer_at_the_ends(num_layers, pp, vpp))
+            }),
+            PipelineSplit::Embedding => Self::accounted(num_layers, pp, vpp, 1, 0),
+            PipelineSplit::Loss => Self::accounted(num_layers, pp, vpp, 0, 1),
+            PipelineSplit::EmbeddingAndLoss => Self::accounted(num_layers, pp, vpp, 1, 1),
         }
+    }
+
+    /// Every chunk `num_layers / (pp * vpp)` layers.
+    #[inline]
+    fn even(num_layers: u64, pp: u64, vpp: u64) -> Option<Self> {
+        let chunks = pp * vpp;
+        if num_layers % chunks != 0 {
+            return None;
+        }
+        let chunk = num_layers / chunks;
+        Self::build((pp, vpp), (chunk, chunk, chunk), (0, 0))
+    }
+
+    /// A split from its sizes; `None` when one does not fit in 12 bits.
+    #[inline(always)]
+    fn build(
+        (pp, vpp): (u64, u64),
+        (first_chunk, middle_chunk, last_chunk): (u64, u64, u64),
+        (embedding_unit, loss_unit): (u64, u64),
+    ) -> Option<Self> {
+        let sizes = [pp, vpp, first_chunk, middle_chunk, last_chunk];
+        if sizes.iter().any(|&n| n > SIZE_MASK) {
+            return None;
+        }
+        let packed = sizes
+            .iter()
+            .enumerate()
+            .fold(0, |word, (i, &n)| word | n << (i as u32 * SIZE_BITS));
+        let flags = if embedding_unit > 0 {
+            EMBEDDING_UNIT
+        } else {
+            0
+        } | if loss_unit > 0 { LOSS_UNIT } else { 0 };
+        Some(StageLayers(packed | flags))
+    }
+
+    #[inline(always)]
+    fn size(&self, which: u32) -> u64 {
+        (self.0 >> (which * SIZE_BITS)) & SIZE_MASK
+    }
+
+    fn embedding_unit(&self) -> u64 {
+        u64::from(self.0 & EMBEDDING_UNIT != 0)
+    }
+
+    fn loss_unit(&self) -> u64 {
+        u64::from(self.0 & LOSS_UNIT != 0)
+    }
+
+    /// The embedding and/or the loss (`0` or `1` units each) counted as layers.
+    #[inline]
+    fn accounted(
+        num_layers: u64,
+        pp: u64,
+        vpp: u64,
+        embedding_unit: u64,
+        loss_unit: u64,
+    ) -> Option<Self> {
+        let chunks = pp * vpp;
+        let units = num_layers + embedding_unit + loss_unit;
+        if units % chunks != 0 {
+            return None;
+        }
+        let chunk = units / chunks;
+        // The chunk that loses a layer to both units (pp = vpp = 1) needs two.
+        let taken = if chunks == 1 {
+            embedding_unit + loss_unit
+        } else {
+            1
+        };
+        if chunk < taken {
+            return None;
+        }
+        Self::build(
+            (pp, vpp),
+            (chunk, chunk, chunk),
+            (embedding_unit, loss_unit),
+        )
     }
 
     /// Middle stages of `ceil(num_layers / pp)` layers (a multiple of `vpp`), the layers
     /// left over taken off the last stage, then the first.
+    #[inline]
     fn fewer_at_the_ends(num_layers: u64, pp: u64, vpp: u64) -> Option<Self> {
         let middle = num_layers.div_ceil(pp * vpp) * vpp;
         let excess = pp * middle - num_layers;
@@ -151,6 +208,7 @@ impl StageLayers {
     }
 
     /// Megatron's explicit first/last stage sizes (0: not given), the rest split evenly.
+    #[inline]
     fn uneven(num_layers: u64, pp: u64, vpp: u64, first: u64, last: u64) -> Option<Self> {
         if first % vpp != 0 || last % vpp != 0 {
             return None;
@@ -170,58 +228,67 @@ impl StageLayers {
             middle_layers / (middle_stages * vpp)
         };
         let or_middle = |n: u64| if n > 0 { n / vpp } else { middle_chunk };
-        Some(StageLayers {
-            pp,
-            vpp,
-            first_chunk: or_middle(first),
-            middle_chunk,
-            last_chunk: or_middle(last),
-            embedding_unit: false,
-            loss_unit: false,
-        })
+        Self::build(
+            (pp, vpp),
+            (or_middle(first), middle_chunk, or_middle(last)),
+            (0, 0),
+        )
+    }
+
+    /// Pipeline stages.
+    pub fn pp(&self) -> u64 {
+        self.size(PP)
+    }
+
+    /// Model chunks per stage.
+    pub fn vpp(&self) -> u64 {
+        self.size(VPP)
     }
 
     /// Layers in chunk `chunk` of stage `stage`.
     pub fn chunk_layers(&self, stage: u64, chunk: u64) -> u64 {
+        let (pp, vpp) = (self.pp(), self.vpp());
         let base = if stage == 0 {
-            self.first_chunk
-        } else if stage == self.pp - 1 {
-            self.last_chunk
+            self.size(FIRST)
+        } else if stage == pp - 1 {
+            self.size(LAST)
         } else {
-            self.middle_chunk
+            self.size(MIDDLE)
         };
         let first_virtual = stage == 0 && chunk == 0;
-        let last_virtual = stage == self.pp - 1 && chunk == self.vpp - 1;
-        base - u64::from(self.embedding_unit && first_virtual)
-            - u64::from(self.loss_unit && last_virtual)
+        let last_virtual = stage == pp - 1 && chunk == vpp - 1;
+        base - self.embedding_unit() * u64::from(first_virtual)
+            - self.loss_unit() * u64::from(last_virtual)
     }
 
     /// Index of the first layer of chunk `chunk` of stage `stage`.
     fn chunk_offset(&self, stage: u64, chunk: u64) -> u64 {
-        let round = if self.pp == 1 {
-            self.first_chunk
+        let (first, middle, last) = (self.size(FIRST), self.size(MIDDLE), self.size(LAST));
+        let pp = self.pp();
+        let round = if pp == 1 {
+            first
         } else {
-            self.first_chunk + (self.pp - 2) * self.middle_chunk + self.last_chunk
+            first + (pp - 2) * middle + last
         };
         let within = if stage == 0 {
             0
         } else {
-            self.first_chunk + (stage - 1) * self.middle_chunk
+            first + (stage - 1) * middle
         };
         (chunk * round + within)
-            .saturating_sub(u64::from(self.embedding_unit && (stage, chunk) != (0, 0)))
+            .saturating_sub(self.embedding_unit() * u64::from((stage, chunk) != (0, 0)))
     }
 
     /// Layers held by stage `stage`, all its chunks together.
     pub fn stage_layers(&self, stage: u64) -> u64 {
-        (0..self.vpp)
+        (0..self.vpp())
             .map(|chunk| self.chunk_layers(stage, chunk))
             .sum()
     }
 
     /// How many of stage `stage`'s layers are among the model's first `leading` layers.
     pub fn leading_layers_on(&self, stage: u64, leading: u64) -> u64 {
-        (0..self.vpp)
+        (0..self.vpp())
             .map(|chunk| {
                 let start = self.chunk_offset(stage, chunk);
                 leading
