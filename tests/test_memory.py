@@ -399,6 +399,8 @@ def test_bad_specs_and_arguments_raise() -> None:
         ModelSpec(hidden_size=-64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=10)
     with pytest.raises(InvalidValueError, match="top_k"):
         LLAMA_8B.replace(num_experts=4, top_k=5, moe_ffn_size=128)
+    with pytest.raises(InvalidValueError, match="num_layers=5000"):
+        LLAMA_8B.replace(num_layers=5000)
     with pytest.raises(InvalidValueError, match="unknown preset 'llama-9'"):
         ModelSpec.preset("llama-9")
     with pytest.raises(InvalidTypeError, match="scalar"):

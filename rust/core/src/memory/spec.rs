@@ -169,6 +169,12 @@ impl ModelSpec {
                 return Err(Error::invalid(format!("{name} must be positive, got 0")));
             }
         }
+        if self.num_layers > 4095 {
+            return Err(Error::invalid(format!(
+                "num_layers={} is more than the 4,095 layers a pipeline split handles",
+                self.num_layers
+            )));
+        }
         if self.num_heads % self.num_kv_heads != 0 {
             return Err(Error::invalid(format!(
                 "num_kv_heads={} must divide num_heads={}",
