@@ -3,7 +3,7 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import final
 
 import numpy as np
@@ -103,15 +103,15 @@ class Schedule:
 
 # memory
 
-def memory_param_counts(spec: dict[str, object]) -> tuple[float, float]: ...
+def memory_param_counts(spec: Mapping[str, object]) -> tuple[float, float]: ...
 def memory_pipeline_layers(
     num_layers: int, pp: int, vpp: int, split: float, first: int, last: int
 ) -> list[int] | None: ...
 def memory_layer_params(
-    spec: dict[str, object],
+    spec: Mapping[str, object],
 ) -> tuple[list[float], list[float], list[float], float, float]: ...
 def memory_grid(
-    spec: dict[str, object],
+    spec: Mapping[str, object],
     shape: list[int],
     inputs: list[tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64], list[int]]],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
@@ -120,7 +120,7 @@ def memory_name_codes(
     text: npt.NDArray[np.uint32], names: list[str], codes: list[float]
 ) -> npt.NDArray[np.float64]: ...
 def memory_stages(
-    spec: dict[str, object], layout: Sequence[float]
+    spec: Mapping[str, object], layout: Sequence[float]
 ) -> tuple[npt.NDArray[np.float64], int]: ...
 
 # --- threads -------------------------------------------------------------------------

@@ -131,6 +131,13 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     array = np.asarray(value)
     if array.dtype.kind not in "UO":
         return _numeric(name, array)
+    if array.ndim == 0:
+        code = table.get(str(array).lower(), math.nan)
+        if strict and math.isnan(code):
+            raise InvalidValueError(
+                f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
+            )
+        return np.asarray(code, dtype=np.float64)
     text = np.ascontiguousarray(array if array.dtype.kind == "U" else array.astype(str))
     rows = text.reshape(-1).view(np.uint32).reshape(text.size, -1)
     codes: _F64 = _core.memory_name_codes(rows, list(table), [float(c) for c in table.values()])
@@ -147,12 +154,19 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     return codes
 
 
+# Integer arrays at least this long are handed to the core as int64 and read in place;
+# shorter ones (scalars, a grid's axes) as float64, whose extraction is cheaper.
+_INTEGER_COLUMN = 4096
+
+
 def _numeric(name: str, value: Any) -> _Numbers:
     """A number or an array of numbers as the grid reads them, in place: contiguous int64
-    or float64 (other dtypes are converted once)."""
+    (long integer columns) or float64 (other dtypes are converted once)."""
     array = np.asarray(value)
-    if array.dtype.kind in "iub":
+    if array.dtype.kind in "iub" and array.size >= _INTEGER_COLUMN:
         return np.ascontiguousarray(array, dtype=np.int64)
+    if array.dtype.kind in "iub":
+        return np.ascontiguousarray(array, dtype=np.float64)
     if array.dtype.kind != "f":
         raise InvalidTypeError(f"{name} must be a number or an array of numbers, got {value!r}")
     return np.ascontiguousarray(array, dtype=np.float64)
@@ -257,11 +271,15 @@ def _run_grid(
         shapes = ", ".join(f"{k}{a.shape}" for k, a in fields.items() if a.ndim)
         raise InvalidValueError(f"grid parameters do not broadcast: {shapes}") from exc
     inputs = []
+    scalar_strides = [0] * len(shape)
     for array in fields.values():
+        if array.ndim == 0:
+            inputs.append((array.reshape(-1), scalar_strides))
+            continue
         view = np.broadcast_to(array, shape)
         strides = [s // array.itemsize for s in view.strides]
         inputs.append((array.reshape(-1), strides))
-    flat, reasons = _core.memory_grid(spec.to_dict(), list(shape), inputs)
+    flat, reasons = _core.memory_grid(spec.core_dict(), list(shape), inputs)
     return tuple(shape), flat.reshape(len(OUTPUT_FIELDS), -1), reasons.reshape(shape)
 
 
@@ -403,7 +421,7 @@ def estimate_memory_stages(
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     fields = _scalar_fields(seq_len, options)
     values = [float(array.reshape(-1)[0]) for array in fields.values()]
-    flat, reason = _core.memory_stages(spec.to_dict(), values)
+    flat, reason = _core.memory_stages(spec.core_dict(), values)
     if reason:
         raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
     rows = flat.reshape(-1, len(OUTPUT_FIELDS))

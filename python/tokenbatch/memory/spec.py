@@ -6,6 +6,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from tokenbatch import _core
@@ -138,7 +139,7 @@ class ModelSpec:
         if self.num_experts == 0 and (self.top_k or self.moe_ffn_size or self.num_shared_experts):
             raise InvalidValueError("top_k, moe_ffn_size and num_shared_experts need num_experts")
         # The core re-checks everything (MoE and MLA consistency) and counts parameters.
-        _core.memory_param_counts(self.to_dict())
+        _core.memory_param_counts(self.core_dict())
 
     @property
     def kv_heads(self) -> int:
@@ -162,18 +163,26 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """Exact number of parameters (tied embeddings counted once)."""
-        return int(_core.memory_param_counts(self.to_dict())[0])
+        return int(_core.memory_param_counts(self.core_dict())[0])
 
     def num_active_params(self) -> int:
         """Parameters a token goes through: all but the routed experts it is not sent to."""
-        return int(_core.memory_param_counts(self.to_dict())[1])
+        return int(_core.memory_param_counts(self.core_dict())[1])
 
     def to_dict(self) -> dict[str, Any]:
         """All fields with defaults resolved (what the Rust core reads)."""
-        data = dataclasses.asdict(self)
-        data["num_kv_heads"] = self.kv_heads
-        data["head_dim"] = self.head_size
-        return data
+        return dict(self.core_dict())
+
+    def core_dict(self) -> Mapping[str, Any]:
+        """:meth:`to_dict`, computed once per spec (read-only: the core reads it on every
+        estimate)."""
+        cached: dict[str, Any] | None = self.__dict__.get("_core_dict")
+        if cached is None:
+            cached = dataclasses.asdict(self)
+            cached["num_kv_heads"] = self.kv_heads
+            cached["head_dim"] = self.head_size
+            self.__dict__["_core_dict"] = cached
+        return MappingProxyType(cached)
 
     def replace(self, **changes: Any) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
