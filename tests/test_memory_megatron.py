@@ -78,16 +78,8 @@ def megatron_weight_and_optimizer_memory(
     ) + expert_on_first * bytes_per_parameter(expert_dp)
 
 
-GPT3_SHAPE = ModelSpec(
-    name="gpt3-175b-shape",
-    hidden_size=12288,
-    num_layers=96,
-    num_heads=96,
-    ffn_size=49152,
-    vocab_size=50_257,
-    ffn_type="gelu",
-    norm="layernorm",
-    tied_embeddings=True,
+GPT3_SHAPE = ModelSpec.preset("gpt3-175b").replace(
+    name="gpt3-175b-shape", linear_bias=False, learned_positions=0
 )
 
 LAYOUTS: list[tuple[ModelSpec, dict[str, Any]]] = [

@@ -29,9 +29,22 @@ import math
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["HARDWARE", "Hardware"]
+__all__ = ["HARDWARE", "Hardware", "positive_number"]
 
 _MIB = 1024 * 1024
+
+
+def positive_number(name: str, value: object) -> float:
+    """``value`` as a float if it is a finite positive number (not a bool), else an
+    :class:`~tokenbatch.errors.InvalidValueError` naming ``name``."""
+    if not (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        raise InvalidValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,14 +76,7 @@ class Hardware:
             "inter_node_bandwidth",
             "memory",
         ):
-            value = getattr(self, field)
-            if not (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and value > 0
-            ):
-                raise InvalidValueError(f"{field} must be a positive number, got {value!r}")
+            positive_number(field, getattr(self, field))
         if not isinstance(self.gpus_per_node, int) or isinstance(self.gpus_per_node, bool):
             raise InvalidTypeError(f"gpus_per_node must be an integer, got {self.gpus_per_node!r}")
         if self.gpus_per_node < 1:

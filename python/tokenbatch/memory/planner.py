@@ -15,7 +15,6 @@ not of the model. :meth:`PlannedLayout.explain` shows where each candidate's tim
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.memory.estimate import GIB, PIPELINE_SPLITS, estimate_memory_grid, scalar_inputs
-from tokenbatch.memory.hardware import Hardware
+from tokenbatch.memory.hardware import Hardware, positive_number
 from tokenbatch.memory.spec import ModelSpec
 from tokenbatch.memory.steptime import TIME_PARTS, step_time
 
@@ -255,17 +254,6 @@ def _candidates(
     return {name: table[:, i] for i, name in enumerate(_COLUMNS)}
 
 
-def _positive(name: str, value: Any) -> float:
-    if not (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    ):
-        raise InvalidValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def plan(
     spec: ModelSpec,
     *,
@@ -323,15 +311,15 @@ def plan(
     }
     for name, value in overrides.items():
         if value is not None:
-            _positive("gpu_memory" if name == "memory" else name, value)
+            positive_number("gpu_memory" if name == "memory" else name, value)
     if gpus_per_node is not None:
         overrides["gpus_per_node"] = as_int(gpus_per_node, "gpus_per_node", minimum=1)
     hw = hardware.replace(**{k: v for k, v in overrides.items() if v is not None})
     num_gpus = as_int(num_gpus, "num_gpus", minimum=1)
     seq_len = as_int(seq_len, "seq_len", minimum=1)
     global_batch_tokens = as_int(global_batch_tokens, "global_batch_tokens", minimum=1)
-    efficiency = _positive("compute_efficiency", compute_efficiency)
-    usable = _positive("usable_fraction", usable_fraction)
+    efficiency = positive_number("compute_efficiency", compute_efficiency)
+    usable = positive_number("usable_fraction", usable_fraction)
     if efficiency > 1 or usable > 1:
         raise InvalidValueError("compute_efficiency and usable_fraction must be at most 1")
     if global_batch_tokens % seq_len:
