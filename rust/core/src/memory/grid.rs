@@ -9,8 +9,8 @@ use rayon::prelude::*;
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{
-    check_field, estimate, estimate_checked_fields, estimate_stages, field_rule, Breakdown,
-    FieldRule, Prepared, N_OUTPUT_FIELDS,
+    check_field, estimate, estimate_stages, field_rule, Breakdown, Estimator, FieldRule, Prepared,
+    N_OUTPUT_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
@@ -198,12 +198,12 @@ fn estimate_broadcast(
                 .collect()
         })
         .collect();
-    for_each_block(table, |first, columns, reasons| {
+    for_each_block(prepared, table, |estimator, first, columns, reasons| {
         let mut cursor = Cursor::new(shape, inputs, &field_reasons);
         for (i, reason) in reasons.iter_mut().enumerate() {
             cursor.seek(first + i);
             let estimate = match cursor.field_reason() {
-                0 => estimate_checked_fields(prepared, cursor.layout()),
+                0 => estimator.estimate_checked_fields(cursor.layout()),
                 code => Err(INVALID_REASONS[usize::from(code) - 1]),
             };
             store(columns, reason, i, estimate);
@@ -228,7 +228,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
             columns_of.push((field, rule, input.data));
         }
     }
-    for_each_block(table, |first, columns, reasons| {
+    for_each_block(prepared, table, |estimator, first, columns, reasons| {
         let mut layout = scalars;
         for (i, reason) in reasons.iter_mut().enumerate() {
             let mut ok = scalars_ok;
@@ -238,7 +238,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
                 layout.set(field, x);
             }
             let estimate = if ok {
-                estimate_checked_fields(prepared, &layout)
+                estimator.estimate_checked_fields(&layout)
             } else {
                 Err(first_bad_field(&layout))
             };
@@ -257,11 +257,12 @@ fn first_bad_field(layout: &Layout) -> Invalid {
         .unwrap_or(Invalid::Bytes)
 }
 
-/// Run `work(first_cell, columns, reasons)` over blocks of [`CHUNK`] cells in parallel,
-/// each block holding its slice of every column.
-fn for_each_block<F>(table: &mut GridTable, work: F)
+/// Run `work(estimator, first_cell, columns, reasons)` over blocks of [`CHUNK`] cells in
+/// parallel, each block holding its slice of every column, and each worker an
+/// [`Estimator`] that it keeps from block to block.
+fn for_each_block<F>(prepared: &Prepared, table: &mut GridTable, work: F)
 where
-    F: Fn(usize, &mut [&mut [f64]], &mut [u8]) + Sync,
+    F: Fn(&mut Estimator<'_>, usize, &mut [&mut [f64]], &mut [u8]) + Sync,
 {
     let cells = table.reasons.len();
     if cells == 0 {
@@ -280,10 +281,10 @@ where
             (block, reasons)
         })
         .collect();
-    blocks
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(b, (mut block, reasons))| work(b * CHUNK, &mut block, reasons));
+    blocks.into_par_iter().enumerate().for_each_init(
+        || Estimator::new(prepared),
+        |estimator, (b, (mut block, reasons))| work(estimator, b * CHUNK, &mut block, reasons),
+    );
 }
 
 // `Cursor::bad_fields` has a bit per layout field.

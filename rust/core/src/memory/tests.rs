@@ -1074,3 +1074,196 @@ fn name_codes_match_whole_fixed_width_names() {
         .enumerate()
         .all(|(i, &x)| x == [7.0, 9.0][i % 2]));
 }
+
+/// Values each layout field takes in the tests that vary every field: mostly valid, some
+/// that do not fit every model (tp 4 with 4 key/value heads is fine, cp 3 pads, pp 4 with
+/// explicit first/last stages may not split).
+const FIELD_VALUES: [&[f64]; N_LAYOUT_FIELDS] = [
+    &[512.0, 1000.0, 4096.0],
+    &[1.0, 2.0, 3.0],
+    &[1.0, 2.0, 4.0, 8.0],
+    &[1.0, 2.0, 4.0],
+    &[1.0, 2.0, 4.0],
+    &[1.0, 2.0, 3.0],
+    &[1.0, 2.0, 4.0],
+    &[1.0, 2.0],
+    &[0.0, 1.0, 2.0, 3.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0, 2.0],
+    &[0.0, 1.0, 3.0, 8.0],
+    &[1.0, 2.0, 4.0],
+    &[2.0, 4.0],
+    &[0.0, 4.0],
+    &[0.0, 4.0],
+    &[0.0, 4.0, 8.0],
+    &[1.0, 2.0, 4.0],
+    &[2.0, 4.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0],
+    &[0.0, 1e9],
+    &[0.0, 0.0, 2.0],
+    &[0.0, 0.0, 1.0],
+    &[0.0, 1.0, 2.0, 3.0, 4.0],
+    &[0.0, 1.25],
+    &[0.0, 1.0, 2.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0],
+    &[0.0, 0.5],
+];
+
+/// Models that take every branch of the formulas: Hugging Face and fused kernels, dense,
+/// MoE with a sigmoid grouped router, MLA with multi-token prediction, GPT-style blocks.
+fn every_kind_of_model() -> Vec<ModelSpec> {
+    let small = |spec: ModelSpec| ModelSpec {
+        num_layers: 16,
+        ..spec
+    };
+    vec![
+        small(ModelSpec {
+            implementation: Implementation::Hf,
+            num_kv_heads: 4,
+            ..llama_8b()
+        }),
+        small(mixtral()),
+        ModelSpec {
+            num_layers: 16,
+            first_dense_layers: 1,
+            mtp_layers: 1,
+            implementation: Implementation::Hf,
+            ..deepseek_v3()
+        },
+        small(ModelSpec {
+            ffn_type: FfnType::Gelu,
+            norm: NormType::LayerNorm,
+            learned_positions: 2048,
+            tied_embeddings: true,
+            linear_bias: true,
+            num_kv_heads: 32,
+            ..llama_8b()
+        }),
+    ]
+}
+
+/// The layout of every cell of a grid whose field `f` takes `values[f][index[axes[f]]]`
+/// (`axes[f]` None: its only value), the last axis fastest.
+fn cell_layouts(shape: &[usize], axes: &[Option<usize>], values: &[Vec<f64>]) -> Vec<Layout> {
+    let cells: usize = shape.iter().product();
+    (0..cells)
+        .map(|cell| {
+            let mut index = vec![0; shape.len()];
+            let mut rest = cell;
+            for d in (0..shape.len()).rev() {
+                index[d] = rest % shape[d];
+                rest /= shape[d];
+            }
+            let mut row = [0.0; N_LAYOUT_FIELDS];
+            for (f, value) in row.iter_mut().enumerate() {
+                *value = values[f][axes[f].map_or(0, |a| index[a])];
+            }
+            Layout::from_values(&row)
+        })
+        .collect()
+}
+
+/// Every cell of `out` equals the single estimate of its layout (or its reason).
+fn assert_cells_are_single_estimates(
+    spec: &ModelSpec,
+    out: &GridTable,
+    layouts: &[Layout],
+) -> std::result::Result<usize, TestCaseError> {
+    prop_assert_eq!(out.cells(), layouts.len());
+    let mut valid = 0;
+    for (i, layout) in layouts.iter().enumerate() {
+        let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[i]).collect();
+        match estimate_one(spec, layout).unwrap() {
+            Ok(b) => {
+                prop_assert_eq!(out.reasons[i], 0, "cell {} {:?}", i, layout);
+                prop_assert_eq!(row, b.to_values().to_vec(), "cell {} {:?}", i, layout);
+                valid += 1;
+            }
+            Err(reason) => prop_assert_eq!(out.reasons[i], reason.code(), "cell {}", i),
+        }
+    }
+    Ok(valid)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Each configuration followed by its variants in one field: what a grid computes once
+    /// for cells that share the fields it depends on must not miss a field it also depends
+    /// on (a variant would then get its configuration's values).
+    #[test]
+    fn cells_differing_in_any_one_field_equal_single_estimates(
+        picks in prop::collection::vec(prop::array::uniform31(0usize..60), 1..12),
+    ) {
+        let mut rows = Vec::new();
+        for pick in &picks {
+            let base: [f64; N_LAYOUT_FIELDS] =
+                std::array::from_fn(|f| FIELD_VALUES[f][pick[f] % FIELD_VALUES[f].len()]);
+            rows.push(base);
+            for f in 0..N_LAYOUT_FIELDS {
+                let mut variant = base;
+                variant[f] = FIELD_VALUES[f][(pick[f] + 1) % FIELD_VALUES[f].len()];
+                rows.push(variant);
+                rows.push(base);
+            }
+        }
+        let columns: Vec<Vec<f64>> =
+            (0..N_LAYOUT_FIELDS).map(|f| rows.iter().map(|row| row[f]).collect()).collect();
+        let n = rows.len();
+        let layouts = cell_layouts(&[n], &[Some(0); N_LAYOUT_FIELDS], &columns);
+        for spec in every_kind_of_model() {
+            // As a list of configurations, and as a two-dimensional broadcast of the same
+            // cells (another path through the grid).
+            let list: Vec<GridInput> = columns
+                .iter()
+                .map(|c| GridInput { data: c[..].into(), strides: &[1] })
+                .collect();
+            let out = estimate_grid(&spec, &[n], &list).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+            let broadcast: Vec<GridInput> = columns
+                .iter()
+                .map(|c| GridInput { data: c[..].into(), strides: &[1, 0] })
+                .collect();
+            let out = estimate_grid(&spec, &[n, 1], &broadcast).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+        }
+    }
+
+    /// A broadcast grid with every field on one of four axes or a scalar.
+    #[test]
+    fn broadcast_grids_of_every_field_equal_single_estimates(
+        axes in prop::array::uniform31(prop::option::weighted(0.5, 0usize..4)),
+        picks in prop::collection::vec(0usize..60, N_LAYOUT_FIELDS * 3),
+        shape in prop::array::uniform4(1usize..4),
+    ) {
+        let values: Vec<Vec<f64>> = (0..N_LAYOUT_FIELDS)
+            .map(|f| {
+                let n = axes[f].map_or(1, |a| shape[a]);
+                (0..n).map(|i| FIELD_VALUES[f][picks[3 * f + i] % FIELD_VALUES[f].len()]).collect()
+            })
+            .collect();
+        let strides: Vec<[usize; 4]> = axes
+            .iter()
+            .map(|axis| {
+                let mut s = [0; 4];
+                if let Some(a) = axis {
+                    s[*a] = 1;
+                }
+                s
+            })
+            .collect();
+        let inputs: Vec<GridInput> = values
+            .iter()
+            .zip(&strides)
+            .map(|(v, s)| GridInput { data: v[..].into(), strides: s })
+            .collect();
+        let layouts = cell_layouts(&shape, &axes, &values);
+        for spec in every_kind_of_model() {
+            let out = estimate_grid(&spec, &shape, &inputs).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+        }
+    }
+}
