@@ -173,18 +173,29 @@ impl Prepared {
     }
 }
 
-/// `x.ceil()` for the byte counts here (|x| < 2^63). Portable x86-64 has no rounding
-/// instruction, so `f64::ceil` is a libm call, a tenth of the grid's time; the integer
-/// round trip compiles to two conversions. The step up is added, not branched to: whether
-/// a count is whole varies from cell to cell, and a grid's cells mispredicted it.
-#[inline]
+/// `x.ceil()`, without a rounding instruction (portable x86-64 has none, and `f64::ceil`
+/// is a libm call, a tenth of the grid's time) nor a branch (whether a byte count is whole
+/// varies from cell to cell): below 2^52 in magnitude, adding and removing 2^52 (with the
+/// sign of `x`) rounds `x` to the nearest integer, one is added where that is below `x`;
+/// from 2^52 on, every double is whole. Zero and negative zero give zero, as the integer
+/// round trip this replaces did.
+#[inline(always)]
 fn ceil(x: f64) -> f64 {
-    if x.abs() < 9.0e18 {
-        let truncated = x as i64 as f64;
-        truncated + f64::from(u8::from(truncated < x))
+    let shift = TWO_POW_52.copysign(x);
+    let nearest = (x + shift) - shift;
+    let up = nearest + if nearest < x { 1.0 } else { 0.0 };
+    if x.abs() < TWO_POW_52 {
+        up
     } else {
-        x.ceil()
+        x
     }
+}
+
+/// A count below 2^32 (stages, chunks and layers of a pipeline: at most 4,095) as an
+/// `f64`, by the one-instruction signed conversion rather than the unsigned 64-bit one.
+#[inline(always)]
+fn count(n: u64) -> f64 {
+    f64::from(n as u32)
 }
 
 const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
@@ -431,13 +442,24 @@ impl<'p> Estimator<'p> {
         let terms = self
             .terms
             .get_or_insert_with(key.words(), || Terms::new(prep, &key));
-        // The checks of `validate_fit`, in its order.
-        terms.tp_fit?;
-        let stages = split_fit(&prep.spec, l)?;
-        terms.ep_fit?;
-        ep_group_fit(l)?;
-        Ok(estimate_valid(prep, l, terms, stages))
+        estimate_with_terms(prep, l, terms)
     }
+}
+
+/// [`estimate`] for a layout whose fields each passed [`check_field`], given its terms
+/// (those of its [`TermsKey`]).
+#[inline(always)]
+pub(crate) fn estimate_with_terms(
+    prep: &Prepared,
+    l: &Layout,
+    terms: &Terms,
+) -> Result<Breakdown, Invalid> {
+    // The checks of `validate_fit`, in its order.
+    terms.tp_fit?;
+    let stages = split_fit(&prep.spec, l)?;
+    terms.ep_fit?;
+    ep_group_fit(l)?;
+    Ok(estimate_valid(prep, l, terms, stages))
 }
 
 /// The busiest stage of a valid configuration.
@@ -486,7 +508,7 @@ const TERMS_KEY_WORDS: usize = 16;
 /// The fields of a configuration that its [`Terms`] depend on: all but the batch shape,
 /// the data-parallel and pipeline layout, ZeRO and the bytes of the model states.
 #[derive(Debug, Clone, Copy)]
-struct TermsKey {
+pub(crate) struct TermsKey {
     tp: f64,
     sequence_parallel: f64,
     recompute: f64,
@@ -508,9 +530,19 @@ struct TermsKey {
     key_len: f64,
 }
 
+/// The layout fields (indices into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS)) a
+/// [`TermsKey`] holds, besides `seq_len`, which it holds only where a cell's attention is
+/// eager or its activation model `korthikanti` ([`KEY_LEN_FIELDS`]).
+pub(crate) const TERMS_FIELDS: [usize; 15] =
+    [3, 9, 10, 17, 20, 21, 29, 19, 26, 12, 6, 5, 27, 28, 18];
+
+/// `seq_len`, and the fields whose value 1 makes a [`TermsKey`] depend on it: `attention`
+/// (eager) and `activation_model` (`korthikanti`).
+pub(crate) const KEY_LEN_FIELDS: (usize, [usize; 2]) = (0, [20, 19]);
+
 impl TermsKey {
     #[inline(always)]
-    fn new(l: &Layout) -> Self {
+    pub fn new(l: &Layout) -> Self {
         let key_len = if l.attention == 1.0 || l.activation_model == 1.0 {
             cp_rank_tokens(l.seq_len, l.cp)
         } else {
@@ -538,7 +570,7 @@ impl TermsKey {
 
     /// The fields' bits: equal bits, equal terms.
     #[inline(always)]
-    fn words(&self) -> [u64; TERMS_KEY_WORDS] {
+    pub fn words(&self) -> [u64; TERMS_KEY_WORDS] {
         [
             self.tp,
             self.sequence_parallel,
@@ -566,7 +598,7 @@ impl TermsKey {
 /// communication buffers per token, and the parameters a rank holds of each kind of
 /// layer. A function of [`TermsKey`] alone.
 #[derive(Debug, Clone, Copy)]
-struct Terms {
+pub(crate) struct Terms {
     /// How `tp` fits the heads and MLP widths, and `ep` the experts.
     tp_fit: Result<(), Invalid>,
     ep_fit: Result<(), Invalid>,
@@ -601,6 +633,11 @@ struct Terms {
 }
 
 impl Terms {
+    /// The terms of `l`'s key.
+    pub fn of(prep: &Prepared, l: &Layout) -> Self {
+        Terms::new(prep, &TermsKey::new(l))
+    }
+
     fn new(prep: &Prepared, k: &TermsKey) -> Self {
         let spec = &prep.spec;
         let t = k.tp;
@@ -819,7 +856,7 @@ impl<'a> Config<'a> {
         } else {
             layers
         };
-        (dense as f64, (layers - dense) as f64)
+        (count(dense), count(layers - dense))
     }
 
     /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers. Inlined, for the
@@ -877,7 +914,7 @@ impl<'a> Config<'a> {
 
         // Micro-batches in flight on this stage, in units of "all the stage's layers once".
         let m = l.grad_accum_steps;
-        let remaining = (pp - stage) as f64;
+        let remaining = count(pp - stage);
         let in_flight = if pp == 1 {
             1.0
         } else if vpp == 1 {
@@ -887,13 +924,13 @@ impl<'a> Config<'a> {
                 remaining
             }
         } else {
-            let chunks = 2.0 * (remaining - 1.0) + ((vpp - 1) * pp) as f64 + 1.0;
+            let chunks = 2.0 * (remaining - 1.0) + count((vpp - 1) * pp) + 1.0;
             let chunks = if m > 0.0 {
-                chunks.min(m * vpp as f64)
+                chunks.min(m * count(vpp))
             } else {
                 chunks
             };
-            chunks / vpp as f64
+            chunks / count(vpp)
         };
         let layer_tokens = self.tokens * in_flight;
         let (mut act_attention, mut act_mlp, mut act_norm, mut act_checkpoints) =
@@ -947,9 +984,69 @@ impl<'a> Config<'a> {
             act_working,
             act_comm,
             act_mtp,
-            stage: stage as f64,
+            stage: count(stage),
             layers: n_dense + n_moe,
             cpu_optimizer,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `ceil` is `f64::ceil`, except that what rounds up to zero is +0.0 (as the byte
+    /// counts' integer round trip gave).
+    fn expected_ceil(x: f64) -> f64 {
+        let c = x.ceil();
+        if c == 0.0 {
+            0.0
+        } else {
+            c
+        }
+    }
+
+    #[test]
+    fn ceil_of_edge_values() {
+        let edges = [
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.0,
+            1.5,
+            2.5,
+            -2.5,
+            TWO_POW_52 - 0.5,
+            TWO_POW_52,
+            TWO_POW_52 + 1.0,
+            -TWO_POW_52 + 0.5,
+            2f64.powi(63),
+            9.0e18,
+            1e300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            5e-324,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        for x in edges {
+            assert_eq!(ceil(x).to_bits(), expected_ceil(x).to_bits(), "{x}");
+        }
+        assert!(ceil(f64::NAN).is_nan());
+    }
+
+    proptest! {
+        #[test]
+        fn ceil_is_the_ceiling(x in any::<f64>(), whole in -(1i64 << 53)..(1i64 << 53)) {
+            prop_assume!(!x.is_nan());
+            prop_assert_eq!(ceil(x).to_bits(), expected_ceil(x).to_bits());
+            let near = whole as f64;
+            for y in [near, near + 0.25, near - 0.25, near / 3.0, near * 1e-9] {
+                prop_assert_eq!(ceil(y).to_bits(), expected_ceil(y).to_bits(), "{}", y);
+            }
         }
     }
 }

@@ -4,13 +4,15 @@
 //! output shape (a stride of 0 repeats a value along that axis, as numpy broadcasting
 //! does), so a grid of millions of cells never materializes its broadcast inputs.
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{
-    check_field, estimate, estimate_stages, field_rule, Breakdown, Estimator, FieldRule, Prepared,
-    N_OUTPUT_FIELDS,
+    check_field, estimate, estimate_stages, estimate_with_terms, field_rule, Breakdown, Estimator,
+    FieldRule, Prepared, Terms, KEY_LEN_FIELDS, N_OUTPUT_FIELDS, TERMS_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
@@ -198,17 +200,71 @@ fn estimate_broadcast(
                 .collect()
         })
         .collect();
+    let terms_table = TermsTable::new(shape, inputs);
+    let no_radix = vec![0; shape.len()];
+    let radix = terms_table.as_ref().map_or(&no_radix, |t| &t.radix);
     for_each_block(prepared, table, |estimator, first, columns, reasons| {
-        let mut cursor = Cursor::new(shape, inputs, &field_reasons);
+        let mut cursor = Cursor::new(shape, inputs, &field_reasons, radix);
         for (i, reason) in reasons.iter_mut().enumerate() {
             cursor.seek(first + i);
-            let estimate = match cursor.field_reason() {
-                0 => estimator.estimate_checked_fields(cursor.layout()),
-                code => Err(INVALID_REASONS[usize::from(code) - 1]),
+            let estimate = match (cursor.field_reason(), &terms_table) {
+                (0, Some(terms_table)) => {
+                    let layout = cursor.layout();
+                    let terms = terms_table.entries[cursor.terms_index]
+                        .get_or_init(|| Terms::of(prepared, layout));
+                    estimate_with_terms(prepared, layout, terms)
+                }
+                (0, None) => estimator.estimate_checked_fields(cursor.layout()),
+                (code, _) => Err(INVALID_REASONS[usize::from(code) - 1]),
             };
             store(columns, reason, i, estimate);
         }
     });
+}
+
+/// Entries of a [`TermsTable`] at most: past this, the cells are looked up by key.
+const MAX_TABLED_TERMS: usize = 1 << 12;
+
+/// The [`Terms`] of a broadcast grid's cells by the cell's indices along the axes that the
+/// fields the terms depend on vary along: cells with the same indices on those axes share
+/// their terms, computed by the first cell that needs them. A [`Cursor`] keeps the index
+/// of its cell's entry as it moves, so a cell finds its terms without reading the fields.
+struct TermsTable {
+    /// Per axis, how far the entry index moves when the cell's index on that axis grows
+    /// by one (0 on axes the terms do not depend on).
+    radix: Vec<usize>,
+    entries: Vec<OnceLock<Terms>>,
+}
+
+impl TermsTable {
+    /// `None` when the terms vary over more than [`MAX_TABLED_TERMS`] combinations.
+    fn new(shape: &[usize], inputs: &[GridInput<'_>]) -> Option<Self> {
+        let (seq_len, switches) = KEY_LEN_FIELDS;
+        let key_len_used = switches.iter().any(|&field| {
+            let data = inputs[field].data;
+            (0..data.len()).any(|i| data.get(i) == 1.0)
+        });
+        let depends =
+            |field: usize| TERMS_FIELDS.contains(&field) || (key_len_used && field == seq_len);
+        let mut radix = vec![0; shape.len()];
+        let mut entries = 1usize;
+        for d in (0..shape.len()).rev() {
+            let along = inputs
+                .iter()
+                .enumerate()
+                .any(|(field, input)| input.strides[d] != 0 && depends(field));
+            if along {
+                radix[d] = entries;
+                entries = entries
+                    .checked_mul(shape[d])
+                    .filter(|&n| n <= MAX_TABLED_TERMS)?;
+            }
+        }
+        Some(TermsTable {
+            radix,
+            entries: (0..entries).map(|_| OnceLock::new()).collect(),
+        })
+    }
 }
 
 /// A list of independent configurations: every input is a scalar or a column with one
@@ -309,10 +365,19 @@ struct Cursor<'s, 'a> {
     bad_fields: u32,
     /// The flat cell the cursor is on (`usize::MAX` before the first seek).
     cell: usize,
+    /// Per axis, the step of [`Cursor::terms_index`] (a [`TermsTable`]'s radix).
+    terms_radix: &'s [usize],
+    /// The cell's entry in the grid's [`TermsTable`].
+    terms_index: usize,
 }
 
 impl<'s, 'a> Cursor<'s, 'a> {
-    fn new(shape: &'s [usize], inputs: &'s [GridInput<'a>], field_reasons: &'s [Vec<u8>]) -> Self {
+    fn new(
+        shape: &'s [usize],
+        inputs: &'s [GridInput<'a>],
+        field_reasons: &'s [Vec<u8>],
+        terms_radix: &'s [usize],
+    ) -> Self {
         let moving = (0..shape.len())
             .map(|d| {
                 inputs
@@ -333,6 +398,8 @@ impl<'s, 'a> Cursor<'s, 'a> {
             layout: Layout::default(),
             bad_fields: 0,
             cell: usize::MAX,
+            terms_radix,
+            terms_index: 0,
         }
     }
 
@@ -356,6 +423,12 @@ impl<'s, 'a> Cursor<'s, 'a> {
                 self.offsets[field] = offset;
                 self.load(field);
             }
+            self.terms_index = self
+                .index
+                .iter()
+                .zip(self.terms_radix)
+                .map(|(i, r)| i * r)
+                .sum();
         }
         self.cell = cell;
     }
@@ -367,6 +440,9 @@ impl<'s, 'a> Cursor<'s, 'a> {
             let wrapped = self.index[d] == self.shape[d];
             if wrapped {
                 self.index[d] = 0;
+                self.terms_index -= self.terms_radix[d] * (self.shape[d] - 1);
+            } else {
+                self.terms_index += self.terms_radix[d];
             }
             for k in 0..self.moving[d].len() {
                 let (field, stride) = self.moving[d][k];

@@ -27,11 +27,18 @@ impl<const W: usize, V> Memo<W, V> {
     #[inline(always)]
     pub fn get_or_insert_with(&mut self, key: [u64; W], compute: impl FnOnce() -> V) -> &V {
         let slot = &mut self.slots[slot_of(&key)];
-        if slot.as_ref().is_some_and(|(held, _)| *held != key) {
+        if slot.as_ref().is_some_and(|(held, _)| !same(held, &key)) {
             *slot = None;
         }
         &slot.get_or_insert_with(|| (key, compute())).1
     }
+}
+
+/// Whether two keys are equal: their words' differences or-ed together, which compiles
+/// to a few vector instructions where `==` on arrays calls `memcmp`.
+#[inline(always)]
+fn same<const W: usize>(a: &[u64; W], b: &[u64; W]) -> bool {
+    a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// The slot of a key: each word rotated by its own amount (the fields are mostly small
