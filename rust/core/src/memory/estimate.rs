@@ -423,14 +423,36 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
 pub(crate) struct Estimator<'p> {
     prep: &'p Prepared,
     terms: Memo<TERMS_KEY_WORDS, Terms>,
+    list_terms: Memo<LIST_KEY_WORDS, Terms>,
 }
+
+/// Words of the key of a cell of a list ([`Estimator::estimate_list_cell`]).
+pub(crate) const LIST_KEY_WORDS: usize = 4;
 
 impl<'p> Estimator<'p> {
     pub fn new(prep: &'p Prepared) -> Self {
         Estimator {
             prep,
             terms: Memo::new(),
+            list_terms: Memo::new(),
         }
+    }
+
+    /// [`Estimator::estimate_checked_fields`] for a cell of a list of configurations whose
+    /// `key` holds the values of the list's columns that its terms depend on: cells of one
+    /// list with equal keys have equal [`TermsKey`]s (the list's other fields are the same
+    /// in every cell). A shorter key than a [`TermsKey`] is quicker to find.
+    #[inline(always)]
+    pub fn estimate_list_cell(
+        &mut self,
+        l: &Layout,
+        key: [u64; LIST_KEY_WORDS],
+    ) -> Result<Breakdown, Invalid> {
+        let prep = self.prep;
+        let terms = self
+            .list_terms
+            .get_or_insert_with(key, || Terms::of(prep, l));
+        estimate_with_terms(prep, l, terms)
     }
 
     /// [`estimate`] for a layout whose fields each passed [`check_field`]. Inlined into

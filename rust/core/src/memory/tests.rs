@@ -810,6 +810,41 @@ fn pipeline_splits_of_published_layouts() {
     assert_eq!(interleaved.stage_layers(7), 8);
 }
 
+#[test]
+fn huge_pipeline_degrees_do_not_split_and_do_not_overflow() {
+    // `pp * vpp` wrapped to 0 (a division by zero) for these; every rule refuses them.
+    let huge = 1u64 << 33;
+    for split in [
+        PipelineSplit::Even,
+        PipelineSplit::Auto,
+        PipelineSplit::Embedding,
+        PipelineSplit::Loss,
+        PipelineSplit::EmbeddingAndLoss,
+    ] {
+        for (pp, vpp) in [(huge, huge), (huge, 1), (2, huge), (4096, 1), (1, 4096)] {
+            assert!(StageLayers::new(80, pp, vpp, split, 0, 0).is_none());
+        }
+        assert!(StageLayers::new(u64::MAX, 2, 1, split, 0, 0).is_none());
+    }
+    assert!(StageLayers::new(80, huge, huge, PipelineSplit::Even, u64::MAX, 1).is_none());
+    assert!(StageLayers::new(80, 4, 1, PipelineSplit::Even, u64::MAX, 1).is_none());
+    // In a grid, a cell with such degrees is invalid, not a panic.
+    let mut layout = Layout {
+        pp: huge as f64,
+        vpp: huge as f64,
+        ..Layout::default()
+    };
+    assert_eq!(
+        estimate_one(&llama_8b(), &layout).unwrap(),
+        Err(Invalid::PpLayers)
+    );
+    layout.vpp = 1.0;
+    assert_eq!(
+        estimate_one(&llama_8b(), &layout).unwrap(),
+        Err(Invalid::PpLayers)
+    );
+}
+
 /// Megatron-LM's `get_num_layers_to_build` and `get_transformer_layer_offset` for one
 /// virtual stage, transcribed (vpp given explicitly; `first`/`last` 0 when not set).
 fn megatron_chunk(
@@ -1064,6 +1099,30 @@ fn name_codes_match_whole_fixed_width_names() {
     assert_eq!(found[0], 2.0);
     assert_eq!(found[1], 0.0);
     assert!(name_codes(&[], 4, &names, &codes).is_empty());
+    // Every width: those known at compile time and the others, a name as long as the
+    // strings, one longer, and the first of two equal names.
+    let with_twins: Vec<Vec<u32>> = ["full", "none", "none", "selective_selective"]
+        .iter()
+        .map(|s| s.chars().map(u32::from).collect())
+        .collect();
+    for width in 4..=24 {
+        let words = ["none", "full", "nonf", "", "selective_selective"];
+        let fitting: Vec<&str> = words.iter().copied().filter(|w| w.len() <= width).collect();
+        let text: Vec<u32> = fitting.iter().flat_map(|w| row(w, width)).collect();
+        let found = name_codes(&text, width, &with_twins, &[0.0, 1.0, 2.0, 3.0]);
+        let expected: Vec<u64> = fitting
+            .iter()
+            .map(|w| match *w {
+                "none" => 1.0,
+                "full" => 0.0,
+                "selective_selective" => 3.0,
+                _ => f64::NAN,
+            })
+            .map(f64::to_bits)
+            .collect();
+        let found: Vec<u64> = found.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(found, expected, "width {width}");
+    }
     // Many rows, across parallel chunks.
     let many: Vec<u32> = (0..10_000)
         .flat_map(|i| row(["none", "full"][i % 2], 9))
@@ -1232,6 +1291,41 @@ proptest! {
                 .map(|c| GridInput { data: c[..].into(), strides: &[1, 0] })
                 .collect();
             let out = estimate_grid(&spec, &[n, 1], &broadcast).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+        }
+    }
+
+    /// A list whose columns are a few fields, the others scalars: its cells find their
+    /// shared terms by the columns alone when few of them matter, which must not confuse
+    /// cells that differ in a field the terms depend on.
+    #[test]
+    fn lists_of_a_few_columns_equal_single_estimates(
+        is_column in prop::array::uniform31(prop::bool::weighted(0.2)),
+        scalar_picks in prop::array::uniform31(value_pick()),
+        cells in prop::collection::vec(prop::array::uniform31(0usize..60), 1..40),
+    ) {
+        let n = cells.len();
+        let values: Vec<Vec<f64>> = (0..N_LAYOUT_FIELDS)
+            .map(|f| {
+                let known = FIELD_VALUES[f];
+                if is_column[f] {
+                    cells.iter().map(|pick| known[pick[f] % known.len()]).collect()
+                } else {
+                    vec![known[scalar_picks[f] % known.len()]]
+                }
+            })
+            .collect();
+        let strides: Vec<[usize; 1]> =
+            (0..N_LAYOUT_FIELDS).map(|f| [usize::from(is_column[f])]).collect();
+        let axes: Vec<Option<usize>> = (0..N_LAYOUT_FIELDS).map(|f| is_column[f].then_some(0)).collect();
+        let layouts = cell_layouts(&[n], &axes, &values);
+        let list: Vec<GridInput> = values
+            .iter()
+            .zip(&strides)
+            .map(|(v, s)| GridInput { data: v[..].into(), strides: s })
+            .collect();
+        for spec in every_kind_of_model() {
+            let out = estimate_grid(&spec, &[n], &list).unwrap();
             assert_cells_are_single_estimates(&spec, &out, &layouts)?;
         }
     }
