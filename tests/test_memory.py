@@ -265,6 +265,15 @@ def test_grid_marks_each_invalid_cell_with_its_reason() -> None:
     assert "seq_len" in reasons[5]
 
 
+def test_huge_pipeline_degrees_are_invalid_not_a_crash() -> None:
+    # pp * vpp = 2^66 once wrapped to 0 in 64 bits: a division by zero in the core.
+    with pytest.raises(InvalidValueError, match="pp"):
+        estimate_memory(LLAMA_8B, seq_len=4096, pp=2**33, vpp=2**33)
+    grid = estimate_memory_grid(LLAMA_8B, seq_len=4096, pp=[2**33, 4], vpp=[2**33, 1])
+    assert grid.valid.tolist() == [False, True]
+    assert "pp" in grid.reasons()[0]
+
+
 def test_moe_expert_parallel_and_pipeline_stage() -> None:
     mixtral = ModelSpec.preset("mixtral-8x7b")
     no_ep = estimate_memory(mixtral, seq_len=4096, dp=8)
