@@ -491,20 +491,30 @@ fn estimate_valid(prep: &Prepared, l: &Layout, terms: &Terms, stages: StageLayer
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
     let mut best = config.stage(0, first_counts);
+    // A middle stage holding the same layers as the first stage or as the middle stage
+    // before it cannot be the busiest: it has the same layer states, fewer micro-batches in
+    // flight and no embedding. That leaves two stages to evaluate for a dense model,
+    // whatever `pp`; when its split is even, not even a look at the middle stages, whose
+    // number varies from cell to cell (a mispredicted loop exit in a list of layouts).
+    let middles = if !prep.spec.is_moe() && stages.middle_stages_like_first() {
+        1..1
+    } else {
+        1..pp.saturating_sub(1)
+    };
     let mut previous_middle = (f64::NAN, f64::NAN);
-    for stage in 1..pp {
+    for stage in middles {
         let counts = config.layer_counts(stage);
-        // A middle stage holding the same layers as the first stage or as the middle stage
-        // before it cannot be the busiest: it has the same layer states, fewer micro-batches
-        // in flight and no embedding. Skipping it leaves two stages to evaluate for a dense
-        // model, whatever `pp`.
-        if stage < pp - 1 {
-            if counts == first_counts || counts == previous_middle {
-                continue;
-            }
-            previous_middle = counts;
+        if counts == first_counts || counts == previous_middle {
+            continue;
         }
+        previous_middle = counts;
         let candidate = config.stage(stage, counts);
+        if candidate.total > best.total {
+            best = candidate;
+        }
+    }
+    if pp > 1 {
+        let candidate = config.stage(pp - 1, config.layer_counts(pp - 1));
         if candidate.total > best.total {
             best = candidate;
         }
