@@ -410,6 +410,15 @@ fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
     }
 }
 
+/// Whether `l` recomputes fully. A comparison of the code (validated: 0, 1 or 2) rather
+/// than of the [`Recompute`] mode: a float comparison chooses between values with masks,
+/// where a branch on the mode, which varies from cell to cell in a list of layouts, was
+/// mispredicted.
+#[inline(always)]
+fn full_recompute(l: &Layout) -> bool {
+    l.recompute == 2.0
+}
+
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
     check_fields(l)?;
@@ -634,7 +643,6 @@ pub(crate) struct Terms {
     /// How `tp` fits the heads and MLP widths, and `ep` the experts.
     tp_fit: Result<(), Invalid>,
     ep_fit: Result<(), Invalid>,
-    recompute: Recompute,
     korthikanti: bool,
     dense_acts: LayerActs,
     moe_acts: LayerActs,
@@ -734,7 +742,8 @@ impl Terms {
             }
         }
         let embedding_per_token = if korthikanti { h / c.rep } else { 8.0 };
-        let rotary = if korthikanti || recompute == Recompute::Full {
+        // Kept unless full recomputation rebuilds them ([`Config::new`] leaves them out then).
+        let rotary = if korthikanti {
             None
         } else {
             acts.rotary_table_widths()
@@ -773,7 +782,6 @@ impl Terms {
         Terms {
             tp_fit: tp_fit(spec, t),
             ep_fit: ep_fit(spec, k.ep),
-            recompute,
             korthikanti,
             dense_acts,
             moe_acts,
@@ -827,7 +835,10 @@ impl<'a> Config<'a> {
         let spec = &prep.spec;
         let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let korthikanti = terms.korthikanti;
-        let working = if terms.recompute != Recompute::Full || korthikanti {
+        // What depends on full recomputation is computed either way and chosen by
+        // `full_recompute`, a mask rather than a branch.
+        let full = full_recompute(l);
+        let working = if korthikanti {
             0.0
         } else {
             let layer = |(per_token, fixed): (f64, f64)| tokens * per_token + fixed;
@@ -842,17 +853,23 @@ impl<'a> Config<'a> {
             } else {
                 0.0
             };
-            dense.max(moe)
+            let working = dense.max(moe);
+            if full {
+                working
+            } else {
+                0.0
+            }
         };
+        let rotary = terms.rotary.map_or(0.0, |widths| {
+            rotary_tables(cp_rank_tokens(l.seq_len, l.cp), widths)
+        });
         let dense_group = l.dp * l.cp;
         Config {
             prep,
             l,
             terms,
             tokens,
-            rotary_per_mb: terms.rotary.map_or(0.0, |widths| {
-                rotary_tables(cp_rank_tokens(l.seq_len, l.cp), widths)
-            }),
+            rotary_per_mb: if full { 0.0 } else { rotary },
             working,
             embedding_per_mb: terms.embedding_per_token * tokens,
             logits_per_mb: if korthikanti {
@@ -902,12 +919,10 @@ impl<'a> Config<'a> {
 
         // Sharding of model states.
         let z = l.zero;
+        // Divided by 1 below the threshold (exact): a choice of divisor is a mask, where a
+        // branch on `zero`, which varies from cell to cell in a list, was mispredicted.
         let shard = |states: f64, threshold: f64, group: f64| {
-            if z >= threshold {
-                states / group
-            } else {
-                states
-            }
+            states / if z >= threshold { group } else { 1.0 }
         };
         let terms = self.terms;
         let mut dense_params = n_dense * terms.dense_layer.0 + n_moe * terms.moe_layer.0;
@@ -965,18 +980,21 @@ impl<'a> Config<'a> {
             chunks / count(vpp)
         };
         let layer_tokens = self.tokens * in_flight;
-        let (mut act_attention, mut act_mlp, mut act_norm, mut act_checkpoints) =
-            (0.0, 0.0, 0.0, 0.0);
-        if terms.recompute == Recompute::Full {
-            act_checkpoints = layer_tokens * (n_dense + n_moe) * terms.checkpoint;
-        } else {
-            let (d, e) = (&terms.dense_acts, &terms.moe_acts);
-            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention)
-                + in_flight * self.rotary_per_mb;
-            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp)
-                + in_flight * n_moe * terms.moe_fixed;
-            act_norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
-        }
+        // What full recomputation keeps and what the other modes keep are both computed,
+        // and `full_recompute` chooses.
+        let full = full_recompute(l);
+        let (d, e) = (&terms.dense_acts, &terms.moe_acts);
+        let checkpoints = layer_tokens * (n_dense + n_moe) * terms.checkpoint;
+        let attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention)
+            + in_flight * self.rotary_per_mb;
+        let mlp =
+            layer_tokens * (n_dense * d.mlp + n_moe * e.mlp) + in_flight * n_moe * terms.moe_fixed;
+        let norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
+        let kept = |x: f64| if full { 0.0 } else { x };
+        let act_attention = kept(attention);
+        let act_mlp = kept(mlp);
+        let act_norm = kept(norm);
+        let act_checkpoints = if full { checkpoints } else { 0.0 };
         let act_embedding = if first {
             self.embedding_per_mb * in_flight
         } else {
