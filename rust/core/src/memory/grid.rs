@@ -17,13 +17,14 @@ use crate::memory::estimate::{
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
 
-/// The values of one input, as the caller has them: floats, or integers read as floats
-/// where a cell needs them (a list of a million configurations is mostly integer columns,
-/// which are then never copied).
+/// The values of one input, as the caller has them: floats, or integers or booleans read
+/// as floats where a cell needs them (a list of a million configurations is mostly integer
+/// and boolean columns, which are then never copied).
 #[derive(Debug, Clone, Copy)]
 pub enum Values<'a> {
     F64(&'a [f64]),
     I64(&'a [i64]),
+    Bool(&'a [bool]),
 }
 
 impl Values<'_> {
@@ -31,6 +32,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => values.len(),
             Values::I64(values) => values.len(),
+            Values::Bool(values) => values.len(),
         }
     }
 
@@ -44,6 +46,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => values[index],
             Values::I64(values) => values[index] as f64,
+            Values::Bool(values) => f64::from(u8::from(values[index])),
         }
     }
 }
