@@ -962,11 +962,13 @@ impl<'a> Config<'a> {
         // Micro-batches in flight on this stage, in units of "all the stage's layers once".
         let m = l.grad_accum_steps;
         let remaining = count(pp - stage);
-        let in_flight = if pp == 1 {
-            1.0
-        } else if vpp == 1 {
+        // With one stage, both forms give 1 (`m`, when set, is at least 1); `pp` varies
+        // from cell to cell in a list, and a branch on it was mispredicted, as one on
+        // whether `m` is set would be (the choice below is a mask).
+        let in_flight = if vpp == 1 {
+            let capped = remaining.min(m);
             if m > 0.0 {
-                remaining.min(m)
+                capped
             } else {
                 remaining
             }
