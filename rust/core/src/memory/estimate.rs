@@ -354,8 +354,9 @@ impl Prepared {
         let mlp = if moe {
             let k = s.top_k as f64;
             let routed = k * (3.0 * h_rep + self.mlp_inner(s.moe_ffn_size as f64, c, selective));
-            let shared =
-                self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64, c, selective);
+            // In f64, as the parameter counts are: the u64 product can overflow.
+            let shared_width = s.num_shared_experts as f64 * s.moe_ffn_size as f64;
+            let shared = self.mlp_inner(shared_width, c, selective);
             let router = (4.0 * s.num_experts as f64 + 32.0 * k) / c.rep;
             h_rep + router + routed + shared
         } else {

@@ -593,3 +593,27 @@ fn each_field_check_names_its_field() {
         assert_eq!(check_field(field, -1.0).unwrap_err(), reason, "{name}");
     }
 }
+
+#[test]
+fn absurd_mla_head_sizes_are_an_error_not_an_overflow() {
+    // qk_nope_head_dim + qk_rope_head_dim used to overflow u64 (a panic with overflow
+    // checks, a wrapped size that passed validation without). Found by the `memory_grid`
+    // fuzz target.
+    let mut spec = deepseek_v3();
+    spec.qk_nope_head_dim = u64::MAX;
+    spec.qk_rope_head_dim = 560;
+    assert!(spec.validate().is_err());
+    assert!(estimate_one(&spec, &Layout::default()).is_err());
+}
+
+#[test]
+fn unused_shared_expert_width_does_not_overflow() {
+    // Every layer dense, so the (absurd) shared-expert width adds no parameter and the
+    // spec is valid; its activations used to multiply it in u64 and overflow. Found by
+    // the `memory_grid` fuzz target.
+    let mut spec = mixtral();
+    spec.first_dense_layers = spec.num_layers;
+    spec.num_shared_experts = u64::MAX / 2;
+    let breakdown = one(&spec, &Layout::default());
+    assert!(breakdown.total.is_finite() && breakdown.total > 0.0);
+}

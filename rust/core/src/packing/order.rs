@@ -77,7 +77,8 @@ impl OfferOrder {
         let k = options.pad_to_multiple_of;
         if capacity > COUNTING_SORT_MAX_KEYS.max(segments.len() as u64) {
             let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
-            ids.sort_by_key(|&id| std::cmp::Reverse(segments.lengths[id as usize]));
+            // Stable: equal costs keep increasing id, as with the counting sort.
+            ids.sort_by_key(|&id| std::cmp::Reverse(sort_key(segments.lengths[id as usize], k)));
             return Self::Permutation(ids);
         }
         let mut counts = vec![0u32; (capacity / k) as usize + 1];
