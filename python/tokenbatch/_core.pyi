@@ -12,6 +12,7 @@ import numpy.typing as npt
 __all__ = [
     "Schedule",
     "__version__",
+    "_panic_for_test",
     "batch_padded",
     "gather_segments",
     "get_num_threads",
@@ -110,3 +111,7 @@ def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
 
 def set_num_threads(threads: int | None) -> None: ...
 def get_num_threads() -> int: ...
+
+# --- test hook (not API) -------------------------------------------------------------
+
+def _panic_for_test(location: str) -> None: ...

@@ -7,7 +7,7 @@ use tokenbatch_core::memory::{
 };
 
 use crate::arrays::as_slice;
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 /// The fields of `tokenbatch.ModelSpec.to_dict()`, read by key.
@@ -74,9 +74,11 @@ impl SpecDict {
 /// Validate a spec and return its (total, active) parameter counts.
 #[pyfunction]
 fn memory_param_counts(spec: SpecDict) -> PyResult<(f64, f64)> {
-    let spec = spec.into_core().into_py_result()?;
-    spec.validate().into_py_result()?;
-    Ok((spec.total_params(), spec.active_params()))
+    guard("memory_param_counts", || {
+        let spec = spec.into_core().into_py_result()?;
+        spec.validate().into_py_result()?;
+        Ok((spec.total_params(), spec.active_params()))
+    })
 }
 
 /// A grid's values table and reason codes.
@@ -91,34 +93,38 @@ fn memory_grid<'py>(
     shape: Vec<usize>,
     inputs: Vec<(PyReadonlyArray1<'py, f64>, Vec<usize>)>,
 ) -> PyResult<GridArrays<'py>> {
-    let spec = spec.into_core().into_py_result()?;
-    let slices = inputs
-        .iter()
-        .map(|(array, strides)| {
-            as_slice(array).map(|data| GridInput {
-                data,
-                strides: strides.as_slice(),
+    guard("memory_grid", || {
+        let spec = spec.into_core().into_py_result()?;
+        let slices = inputs
+            .iter()
+            .map(|(array, strides)| {
+                as_slice(array).map(|data| GridInput {
+                    data,
+                    strides: strides.as_slice(),
+                })
             })
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    // Parallel over the grid: run in tokenbatch's fork-safe pool.
-    let table =
-        detach_parallel(py, || memory::estimate_grid(&spec, &shape, &slices)).into_py_result()?;
-    Ok((
-        table.values.into_pyarray(py),
-        table.reasons.into_pyarray(py),
-    ))
+            .collect::<PyResult<Vec<_>>>()?;
+        // Parallel over the grid: run in tokenbatch's fork-safe pool.
+        let table = detach_parallel(py, || memory::estimate_grid(&spec, &shape, &slices))
+            .into_py_result()?;
+        Ok((
+            table.values.into_pyarray(py),
+            table.reasons.into_pyarray(py),
+        ))
+    })
 }
 
 /// Names of the grid inputs, of the output columns, and the invalid-reason messages
 /// (reason code `i` is `messages[i - 1]`).
 #[pyfunction]
-fn memory_fields() -> (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>) {
-    (
-        LAYOUT_FIELDS.to_vec(),
-        OUTPUT_FIELDS.to_vec(),
-        INVALID_REASONS.iter().map(|r| r.message()).collect(),
-    )
+fn memory_fields() -> PyResult<(Vec<&'static str>, Vec<&'static str>, Vec<&'static str>)> {
+    guard("memory_fields", || {
+        Ok((
+            LAYOUT_FIELDS.to_vec(),
+            OUTPUT_FIELDS.to_vec(),
+            INVALID_REASONS.iter().map(|r| r.message()).collect(),
+        ))
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

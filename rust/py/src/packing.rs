@@ -6,7 +6,7 @@ use pyo3::types::PyDict;
 use tokenbatch_core::packing::{self, Length, PackOptions, Packing};
 
 use crate::arrays::{as_slice, IntArray};
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
@@ -82,16 +82,18 @@ fn pack<'py>(
     oversize: &str,
     seed: u64,
 ) -> PyResult<RawPacking<'py>> {
-    let options = PackOptions::new(
-        max_tokens,
-        max_seqs,
-        pad_to_multiple_of,
-        oversize,
-        algorithm,
-        seed,
-    )
-    .into_py_result()?;
-    run(py, lengths, options, false)
+    guard("pack", || {
+        let options = PackOptions::new(
+            max_tokens,
+            max_seqs,
+            pad_to_multiple_of,
+            oversize,
+            algorithm,
+            seed,
+        )
+        .into_py_result()?;
+        run(py, lengths, options, false)
+    })
 }
 
 /// Padded token-budget batching (see `tokenbatch.batch_padded`).
@@ -105,9 +107,12 @@ fn batch_padded<'py>(
     pad_to_multiple_of: i64,
     oversize: &str,
 ) -> PyResult<RawPacking<'py>> {
-    let options = PackOptions::new(max_tokens, max_seqs, pad_to_multiple_of, oversize, "bfd", 0)
-        .into_py_result()?;
-    run(py, lengths, options, true)
+    guard("batch_padded", || {
+        let options =
+            PackOptions::new(max_tokens, max_seqs, pad_to_multiple_of, oversize, "bfd", 0)
+                .into_py_result()?;
+        run(py, lengths, options, true)
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
