@@ -1,13 +1,15 @@
 """Benchmarks of the distributed batch sampler: epoch plans, iteration and resume.
 
-Full run (numbers in benches/RESULTS.md), 10,000,000 sequences on 8 ranks::
+Full run (numbers in benches/RESULTS.md), 10,000,000 heavy-tailed sequences on 8 ranks::
 
     TOKENBATCH_BENCH_FULL=1 pytest benches/bench_sampler.py --benchmark-enable \
-        --benchmark-columns=min,mean,max,rounds
+        --benchmark-columns=min,median,max,rounds
 
 Without TOKENBATCH_BENCH_FULL=1 every benchmark runs on 100,000 sequences (smoke test).
-The pure-Python baseline builds the same kind of plan (costs per bin, sort by cost, deal
-into steps, shuffle steps) with lists and ``random``, from the same packing.
+Lengths: the ``documents`` example (Pareto tail, many sequences at the cap) capped at
+8,192 tokens, ``max_tokens=8192``. The pure-Python baseline builds the same kind of plan
+(costs per bin, sort by cost, deal into steps, shuffle steps) with lists and ``random``,
+from the same packing.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import random
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import FULL
 
 from tokenbatch import Packing, pack
 from tokenbatch.datasets import example_lengths
 from tokenbatch.distribute import Planner
+from tokenbatch.schedule import LinearRamp
 from tokenbatch.torch import TokenBudgetBatchSampler
 
 N_SEQS = 10_000_000 if FULL else 100_000
@@ -33,7 +37,7 @@ _cache: dict[int, tuple[np.ndarray, Packing]] = {}
 
 def lengths_and_packing(n: int) -> tuple[np.ndarray, Packing]:
     if n not in _cache:
-        lengths = example_lengths("lognormal", n, max_length=MAX_TOKENS, seed=0)
+        lengths = example_lengths("documents", n, max_length=MAX_TOKENS, seed=0)
         _cache[n] = (lengths, pack(lengths, MAX_TOKENS))
     return _cache[n]
 
@@ -52,15 +56,40 @@ def python_plan(bins: list[list[int]], lengths: list[int], ranks: int, seed: int
     return steps
 
 
+def test_pack_alone(benchmark: Any) -> None:
+    """``tb.pack`` of the same lengths: the yardstick of the sampler's start-up."""
+    lengths, _ = lengths_and_packing(N_SEQS)
+    benchmark.group = "sampler start-up"
+    packing = benchmark.pedantic(pack, args=(lengths, MAX_TOKENS), rounds=5, iterations=1)
+    assert packing.n_segments == N_SEQS
+
+
+def test_sampler_construction_and_one_rank_epoch(benchmark: Any) -> None:
+    """What a job pays before and during its first epoch on one rank: packing, the
+    epoch-0 plan, and iterating all of this rank's batches."""
+    lengths, packing = lengths_and_packing(N_SEQS)
+    benchmark.group = "sampler start-up"
+
+    def construct_and_iterate() -> int:
+        sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=3)
+        count = 0
+        for _ in sampler:
+            count += 1
+        return count
+
+    count = benchmark.pedantic(construct_and_iterate, rounds=5, iterations=1)
+    assert count * RANKS >= packing.n_bins
+
+
 def test_epoch_plan_from_packing(benchmark: Any) -> None:
-    """Everything that depends on the packing and the ranks: splitting, costs, dealing."""
+    """Everything that depends on the packing and the ranks: cutting, costs, order."""
     _, packing = lengths_and_packing(N_SEQS)
 
     def build() -> int:
         return Planner(packing, RANKS, seed=1).plan(3).n_steps
 
     n_steps = benchmark.pedantic(build, rounds=5, iterations=1, warmup_rounds=1)
-    assert n_steps * RANKS >= len(packing)
+    assert n_steps * RANKS >= packing.n_bins
 
 
 def test_epoch_plan_next_epoch(benchmark: Any) -> None:
@@ -69,18 +98,7 @@ def test_epoch_plan_next_epoch(benchmark: Any) -> None:
     planner = Planner(packing, RANKS, seed=1)
     epochs = iter(range(1, 10**6))
     plan = benchmark(lambda: planner.plan(next(epochs)))
-    assert plan.n_steps * RANKS >= len(packing)
-
-
-def test_sampler_construction_with_packing(benchmark: Any) -> None:
-    """Sampler construction from raw lengths: BFD packing (Rust) plus the epoch-0 plan."""
-    lengths, packing = lengths_and_packing(N_SEQS)
-
-    def build() -> int:
-        return len(TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=0))
-
-    n_steps = benchmark.pedantic(build, rounds=3, iterations=1)
-    assert n_steps * RANKS >= len(packing)
+    assert plan.n_steps * RANKS >= packing.n_bins
 
 
 def test_python_baseline_plan(benchmark: Any) -> None:
@@ -145,3 +163,29 @@ def test_resume_mid_epoch(benchmark: Any) -> None:
     epoch, batch = benchmark.pedantic(resume, rounds=3, iterations=1)
     planner = Planner(pack(lengths, MAX_TOKENS), RANKS)
     assert batch == next(planner.plan(epoch).batches(0, middle))
+
+
+@pytest.mark.parametrize("epoch", [1, 100])
+def test_step_offsets_at_epoch(benchmark: Any, epoch: int) -> None:
+    """Optimizer steps under a schedule at a late epoch cost what they cost at epoch 1:
+    the tokens of earlier epochs come from a closed form, not from their plans."""
+    lengths, _ = lengths_and_packing(N_SEQS)
+    ramp = LinearRamp(MAX_TOKENS, 64 * MAX_TOKENS, 50 * int(lengths.sum()), unit="tokens")
+    sampler = TokenBudgetBatchSampler(
+        lengths, MAX_TOKENS, num_replicas=RANKS, rank=0, schedule=ramp
+    )
+
+    def at_epoch() -> tuple[tuple[TokenBudgetBatchSampler], dict[str, Any]]:
+        # Steps are cached per epoch: fill the cache with another epoch's, then come back
+        # with this epoch's plan built, so that the round times the step grouping alone.
+        sampler.set_epoch(epoch + 1)
+        sampler.step_offsets()
+        sampler.set_epoch(epoch)
+        sampler.plan()
+        return (sampler,), {}
+
+    offsets = benchmark.pedantic(
+        TokenBudgetBatchSampler.step_offsets, setup=at_epoch, rounds=5, iterations=1
+    )
+    assert offsets is not None
+    assert offsets[-1] == len(sampler)

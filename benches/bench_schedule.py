@@ -1,4 +1,5 @@
-"""Schedule arithmetic: per-step tables, vectorized batch_at, grouping, law fitting.
+"""Schedule arithmetic: per-step tables, vectorized batch_at, grouping, law fitting,
+Megatron-LM export and launch plans.
 
 Baselines are the straightforward pure-Python / numpy versions of the same computation.
 Run: ``pytest benches/bench_schedule.py --benchmark-only``.
@@ -6,12 +7,16 @@ Run: ``pytest benches/bench_schedule.py --benchmark-only``.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tokenbatch.scaling import ThreeTermLaw
-from tokenbatch.schedule import LinearRamp, MegatronRampup, group_into_steps
+import tokenbatch as tb
+from tokenbatch.megatron import from_step_batch_size_schedule, to_step_batch_size_schedule
+from tokenbatch.scaling import ExtrapolationWarning, ThreeTermLaw, launch_plan
+from tokenbatch.schedule import LinearRamp, MegatronRampup, gpt3_ramp, group_into_steps
 
 # DeepSeek-V3's ramp in tokens, micro-batch 4,096 tokens, dp=16: ~1M steps for 62.5T tokens.
 RAMP = LinearRamp(3072 * 4096, 15360 * 4096, 469_000_000_000, multiple_of=4096 * 16)
@@ -102,3 +107,49 @@ def test_fit_three_term_law_128_runs(benchmark: pytest.FixtureRequest) -> None:
     loss = law.loss(n, m, k) * np.exp(np.random.default_rng(2).normal(0, 0.002, n.size))
     fit = benchmark(ThreeTermLaw.fit, n, m, k, loss)
     assert fit.batch_exponent == pytest.approx(law.batch_exponent, rel=0.05)
+
+
+# GPT-3's ramp: 16 -> 1,536 sequences of 2,048 over 4B tokens, 95 changes in 1.95M samples.
+GPT3 = gpt3_ramp()
+
+
+def every_sample_entries(schedule: LinearRamp) -> str:
+    """The exact export written the direct way: the batch at every sample of the ramp, in
+    one vectorized call, keeping the samples where it changes."""
+    assert schedule.seq_len is not None
+    samples = np.arange(-(-schedule.ramp_tokens // schedule.seq_len) + 1, dtype=np.int64)
+    batches = schedule.batch_tokens_at(samples * schedule.seq_len) // schedule.seq_len
+    changes = np.flatnonzero(np.diff(batches)) + 1
+    starts = np.concatenate([[0], changes])
+    return " ".join(f"{int(c) * schedule.seq_len}:{int(batches[c])}" for c in starts)
+
+
+def test_megatron_export_gpt3_ramp(benchmark: pytest.FixtureRequest) -> None:
+    text = benchmark(to_step_batch_size_schedule, GPT3)
+    assert from_step_batch_size_schedule(text, seq_length=2048).pieces == [
+        (int(t) // 2048, int(b))
+        for t, b in (entry.split(":") for entry in every_sample_entries(GPT3).split())
+    ]
+
+
+def test_megatron_export_gpt3_ramp_every_sample(benchmark: pytest.FixtureRequest) -> None:
+    text = benchmark(every_sample_entries, GPT3)
+    assert text.count(":") == 96
+
+
+def test_megatron_parse_deepseek_v3_ramp(benchmark: pytest.FixtureRequest) -> None:
+    text = to_step_batch_size_schedule(tb.schedule.deepseek_v3_ramp())
+    schedule = benchmark(from_step_batch_size_schedule, text, seq_length=4096)
+    assert len(schedule.pieces) == 12_289
+
+
+def test_launch_plan_7b_2t_tokens_256_gpus(benchmark: pytest.FixtureRequest) -> None:
+    spec = tb.ModelSpec.preset("mistral-7b")
+
+    def plan() -> object:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+            return launch_plan(spec, 2 * 10**12, num_gpus=256, gpu_memory=80e9, seq_len=4096)
+
+    result = benchmark(plan)
+    assert result is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,15 @@ MODULES = [
     "tokenbatch.ray",
     "tokenbatch.plot",
     "tokenbatch.torch",
+    "tokenbatch.integrations.transformers",
+    "tokenbatch.integrations.trl",
+    "tokenbatch.integrations.accelerate",
+    "tokenbatch.integrations.lightning",
+    "tokenbatch.context_parallel",
     "tokenbatch.distribute",
     "tokenbatch.memory",
     "tokenbatch.schedule",
+    "tokenbatch.megatron",
     "tokenbatch.scaling",
     "tokenbatch.datasets",
     "tokenbatch.errors",
@@ -34,10 +41,17 @@ MODULES = [
 
 
 def _signature(obj: Any) -> str:
+    if inspect.isclass(obj) and _is_compiled(obj) and obj.__text_signature__ is None:
+        return ""  # a class of the Rust core that Python code does not construct
     try:
         return str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
+
+
+def _is_compiled(cls: type) -> bool:
+    """A class of the compiled extension (its members are descriptors, not functions)."""
+    return cls.__module__ == "tokenbatch._core"
 
 
 def _doc(obj: Any) -> str:
@@ -54,7 +68,11 @@ def _members(cls: type) -> list[tuple[str, Any]]:
         if owner is None or not owner.__module__.startswith("tokenbatch"):
             continue
         value = vars(owner)[name]
-        if isinstance(value, (property, staticmethod, classmethod)) or inspect.isfunction(value):
+        python_member = isinstance(value, (property, staticmethod, classmethod))
+        compiled_member = _is_compiled(owner) and isinstance(
+            value, (types.GetSetDescriptorType, types.MethodDescriptorType)
+        )
+        if python_member or compiled_member or inspect.isfunction(value):
             members.append((name, value))
     return members
 
@@ -64,7 +82,7 @@ def _render_object(module: str, name: str, obj: Any) -> list[str]:
     if inspect.isclass(obj):
         lines += [f"### class `{module}.{name}{_signature(obj)}`", "", _doc(obj), ""]
         for member, value in _members(obj):
-            if isinstance(value, property):
+            if isinstance(value, (property, types.GetSetDescriptorType)):
                 lines += [f"#### property `{name}.{member}`", "", _doc(value), ""]
                 continue
             function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value

@@ -1,4 +1,5 @@
-"""Hypothesis profiles for the property tests.
+"""Fixtures shared by the test modules, ``tests/runs`` on the import path (the trainer
+runs' shared corpus and settings, ``run_support``), and the hypothesis profiles.
 
 ``TOKENBATCH_HYPOTHESIS_PROFILE=thorough pytest tests`` runs every property at least
 10,000 times (``default``: each test's own budget, sized for a quick run). A test's own
@@ -9,9 +10,14 @@ property's budget is raised to the profile's where it is lower; its other settin
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
 
 PROFILE_VARIABLE = "TOKENBATCH_HYPOTHESIS_PROFILE"
 THOROUGH_EXAMPLES = 10_000
@@ -40,3 +46,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 deadline=None,
                 suppress_health_check=[*own.suppress_health_check, HealthCheck.too_slow],
             )
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Run torch on one thread: tiny models train many times faster without threads
+    competing for a shared machine's cores (as the multi-process runs do with
+    ``OMP_NUM_THREADS=1``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

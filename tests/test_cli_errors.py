@@ -158,6 +158,9 @@ CASES = [
     ("schedule --piecewise 0:4Mi 100 --total-tokens 1T", "--piecewise"),
     ("schedule --recommend 7B", "--total-tokens"),
     ("schedule --recommend 7GB --total-tokens 1T", "--recommend"),
+    ("schedule --recommend 7GB --law step --total-tokens 1T", "--recommend"),
+    ("schedule --recommend 7B --total-tokens 1T --gpu-memory 80G", "--gpu-memory"),
+    ("schedule --recommend 7B --total-tokens 1T --gpus 0", "--gpus"),
     ("schedule --linear 4096 8192 1T --total-tokens 1e18 --output t.npz", "steps"),
     (
         "schedule --linear 12288 24576 1B --total-tokens 2B --dp 3 --micro-batch-tokens 4096 "

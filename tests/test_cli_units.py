@@ -109,5 +109,5 @@ def test_help_of_every_command_documents_the_formats() -> None:
     for name, command in subcommands.choices.items():
         text = " ".join(command.format_help().split())
         assert " ".join(COUNT_HELP.split()) in text, name
-        if name in ("memory", "plan"):
+        if name in ("memory", "plan", "schedule"):
             assert " ".join(BYTES_HELP.split()) in text, name

@@ -25,6 +25,7 @@ def test_every_capability_has_a_guide() -> None:
         assert BLOCK.findall(path.read_text()), f"{path.name} has no runnable example"
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # guides train tiny models
 @pytest.mark.parametrize("guide", GUIDES, ids=[path.stem for path in GUIDES])
 def test_guide_examples_run(guide: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # examples may write files

@@ -11,7 +11,8 @@ import pytest
 import tokenbatch as tb
 from tokenbatch.cli import main
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.plot import plot_memory, plot_packing, plot_schedule
+from tokenbatch.plot import plot_launch_plan, plot_memory, plot_packing, plot_schedule
+from tokenbatch.scaling import ThreeTermLaw, launch_plan
 from tokenbatch.schedule import CosineLR, deepseek_v3_ramp
 
 
@@ -80,6 +81,28 @@ def test_schedule_plot(tmp_path: Path) -> None:
     assert batches[-1] == 15360 * 4096
     assert np.all(np.diff(batches) >= 0)
     assert len(lr_axes.get_lines()) == 1
+
+
+def test_launch_plan_plot(tmp_path: Path) -> None:
+    law = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
+    plan = launch_plan(5e8, 10**11, num_gpus=8, seq_len=2048, law=law, peak_lr=1e-3)
+    out = tmp_path / "plan.png"
+    figure = plan.plot(path=str(out))
+    width, height = png_size(out)
+    assert width > 1000
+    assert height > 400
+    assert ink(out) > 0.01
+    ramp_axes, loss_axes, rate_axes = figure.axes
+    batch_line, critical_line = ramp_axes.get_lines()[:2]
+    assert list(batch_line.get_ydata()[:-1]) == [s.batch_tokens for s in plan.stages]
+    along = critical_line.get_xdata()
+    np.testing.assert_allclose(critical_line.get_ydata(), plan.law.critical_batch_after(along))
+    assert list(rate_axes.get_lines()[0].get_ydata()[:-1]) == [s.learning_rate for s in plan.stages]
+    share, chosen = loss_axes.get_lines()[0], loss_axes.get_lines()[-1]
+    assert max(share.get_ydata()) == pytest.approx(100, abs=0.01)
+    assert chosen.get_xdata()[0] == plan.batch_tokens
+    with pytest.raises(InvalidTypeError, match="LaunchPlan"):
+        plot_launch_plan(plan.schedule)  # type: ignore[arg-type]
 
 
 def test_bad_input() -> None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 
 import tokenbatch as tb
 import tokenbatch.ray
-from tokenbatch import scaling
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
@@ -30,15 +28,6 @@ def test_max_micro_batch_tokens_example_returns_tokens() -> None:
     assert isinstance(tokens, int)
     assert 0 < tokens < 10**6
     assert tb.estimate_memory(spec, seq_len=tokens, tp=8, pp=4).total <= 80e9
-
-
-def test_recommend_example_is_inside_a_fitted_range() -> None:
-    code, _ = _example("scaling.recommend(")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", scaling.ExtrapolationWarning)
-        advice = eval(code, {"scaling": scaling})
-    assert advice.batch_tokens > 0
-    assert not advice.extrapolation
 
 
 def test_ray_shards_are_called_equal_only_with_num_shards() -> None:

@@ -24,7 +24,7 @@ from tokenbatch import (
     reference,
 )
 from tokenbatch.datasets import example_lengths
-from tokenbatch.distribute import EpochPlan, _random_keys, mix_seed, plan_epoch
+from tokenbatch.distribute import PLAN_FORMAT, EpochPlan, _permutation, mix_seed, plan_epoch
 from tokenbatch.torch import SegmentDataset, TokenBudgetBatchSampler
 
 
@@ -265,9 +265,9 @@ def test_random_streams_match_the_rust_core_generator() -> None:
     assert mix_seed(0, 0) != mix_seed(0, 1)
     for parts in ([0, 0], [2**64 - 1, 3], [12345, 678]):
         assert mix_seed(*parts) == reference.mix_seed(parts)
-    generator = reference.SplitMix64(987654321)
-    expected = [generator.next_u64() for _ in range(1000)]
-    assert _random_keys(987654321, 1000).tolist() == expected
+    expected = list(range(1000))
+    reference.SplitMix64(987654321).shuffle(expected)
+    assert _permutation(987654321, 1000).tolist() == expected
 
 
 # ------------------------------------------------------------------------------ resume
@@ -536,6 +536,55 @@ def test_state_dict_from_another_dataset_or_config_is_refused() -> None:
         sampler.load_state_dict({"epoch": 0})
     with pytest.raises(InvalidTypeError):
         sampler.load_state_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_state_of_another_plan_format_is_refused_with_a_message_that_says_so() -> None:
+    lengths = example_lengths("chat", 400, max_length=1024, seed=8)
+    sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2)
+    state = sampler.state_dict()
+    assert state["plan_format"] == PLAN_FORMAT
+    with pytest.raises(InvalidValueError, match=r"plan format 1 .* plans with format 2"):
+        sampler.load_state_dict({**state, "plan_format": 1})
+    # States of the numpy planner did not record a plan format: they are format 1.
+    old = {k: v for k, v in state.items() if k != "plan_format"}
+    old["format"] = "tokenbatch.TokenBudgetBatchSampler/1"
+    with pytest.raises(InvalidValueError, match="plan format 1"):
+        sampler.load_state_dict(old)
+
+
+def test_a_refused_state_leaves_the_sampler_as_it_was() -> None:
+    lengths = example_lengths("chat", 900, max_length=2048, seed=12)
+    sampler = TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, rank=1, seed=3)
+    sampler.set_epoch(2)
+    sampler.load_state_dict({**sampler.state_dict(), "step": 3})
+    state = sampler.state_dict()
+    bad_states = [
+        {**state, "epoch": 5, "step": 10**6},  # beyond the steps of epoch 5
+        {**state, "epoch": 5, "resized": [[4, 10**6]]},  # a history that does not fit
+        {**state, "epoch": 5, "resized": [[4]]},  # malformed
+    ]
+    for bad in bad_states:
+        with pytest.raises(InvalidValueError):
+            sampler.load_state_dict(bad)
+        assert (sampler.epoch, sampler.start_step) == (2, 3)
+        assert sampler.state_dict() == state
+    reference = TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, rank=1, seed=3)
+    reference.set_epoch(2)
+    assert list(sampler) == list(reference)[3:]
+
+
+def test_sampler_copies_and_pickles_without_its_cached_plans() -> None:
+    import copy
+    import pickle
+
+    lengths = example_lengths("chat", 500, max_length=1024, seed=9)
+    sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2, rank=1, seed=4)
+    sampler.set_epoch(3)
+    for clone in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
+        assert clone.epoch == 3
+        assert list(clone) == list(sampler)
+    with pytest.raises(AttributeError, match="fixed at construction"):
+        sampler.max_tokens = 1  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- bad input

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
 import pytest
+from guide_output import promised_output, run_and_check
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "sampler.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
-
-
-def promised_output(code: str) -> list[str]:
-    """Comment lines directly below a ``print(...)`` line show what it prints."""
-    promised: list[str] = []
-    after_print = False
-    for line in code.splitlines():
-        if after_print and line.startswith("# "):
-            promised.append(line[2:])
-            continue
-        after_print = "print(" in line
-    return promised
 
 
 def test_guide_has_examples() -> None:
@@ -32,9 +19,4 @@ def test_guide_has_examples() -> None:
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_guide_example_runs(code: str) -> None:
-    output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        exec(compile(code, str(GUIDE), "exec"), {"__name__": "guide"})
-    printed = output.getvalue().splitlines()
-    for line in promised_output(code):
-        assert line in printed, f"the guide promises {line!r}, the code printed {printed}"
+    run_and_check(code, str(GUIDE))

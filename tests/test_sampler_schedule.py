@@ -120,3 +120,78 @@ def test_schedule_is_part_of_the_resume_fingerprint() -> None:
 def test_bad_schedule_type() -> None:
     with pytest.raises(InvalidTypeError, match="schedule"):
         sampler(0, 4096)
+
+
+def packings_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record every packing the sampler module builds (one entry per call)."""
+    import tokenbatch.torch.sampler as sampler_module
+
+    calls: list[int] = []
+    real_pack = sampler_module.pack
+
+    def counting_pack(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real_pack(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampler_module, "pack", counting_pack)
+    return calls
+
+
+@pytest.mark.parametrize("algorithm", ["bfd", "first_fit_shuffled"])
+@pytest.mark.parametrize("oversize", ["split", "truncate", "drop"])
+def test_every_epoch_trains_on_the_input_tokens_less_the_oversize_policy(
+    algorithm: str, oversize: str
+) -> None:
+    # What makes the tokens before an epoch a closed form: every epoch (each with its own
+    # packing under first_fit_shuffled) holds every token the oversize policy keeps.
+    lengths = np.concatenate([LENGTHS, [3000, 5000]])
+    s = TokenBudgetBatchSampler(
+        lengths, 2048, num_replicas=3, seed=5, algorithm=algorithm, oversize=oversize
+    )  # type: ignore[arg-type]
+    kept = {"split": 3000 + 5000, "truncate": 2 * 2048, "drop": 0}[oversize]
+    expected = int(LENGTHS.sum()) + kept
+    for epoch in range(4):
+        s.set_epoch(epoch)
+        assert int(s.plan().real_tokens().sum()) == expected
+
+
+@pytest.mark.parametrize("algorithm", ["bfd", "first_fit_shuffled"])
+def test_step_offsets_at_a_late_epoch_do_not_replan_earlier_ones(
+    algorithm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ramp = LinearRamp(2048, 65536, 40 * int(LENGTHS.sum()), unit="tokens")
+    s = sampler(0, ramp, algorithm=algorithm)
+    built = packings_built(monkeypatch)
+    s.set_epoch(100)
+    offsets = s.step_offsets()
+    assert len(built) <= 1  # the packing of epoch 100 itself, when every epoch repacks
+    micro_batches = s.plan().real_tokens().reshape(-1)
+    expected = group_into_steps(micro_batches, ramp, 2, consumed_tokens=100 * int(LENGTHS.sum()))
+    assert np.array_equal(offsets, expected)  # type: ignore[arg-type]
+
+
+def test_drop_last_with_repacking_counts_each_epochs_own_tokens() -> None:
+    # first_fit_shuffled repacks every epoch, so drop_last leaves out other tokens every
+    # epoch: the tokens before epoch 3 are those the three earlier plans really held.
+    ramp = LinearRamp(2048, 65536, 3 * int(LENGTHS.sum()), unit="tokens")
+    options = {"algorithm": "first_fit_shuffled", "drop_last": True}
+    held = []
+    for epoch in range(3):
+        earlier = TokenBudgetBatchSampler(LENGTHS, 1024, num_replicas=3, seed=3, **options)  # type: ignore[arg-type]
+        earlier.set_epoch(epoch)
+        held.append(int(earlier.plan().real_tokens().sum()))
+    assert len(set(held)) > 1, "the epochs should drop different tokens"
+    s = TokenBudgetBatchSampler(LENGTHS, 1024, num_replicas=3, seed=3, schedule=ramp, **options)  # type: ignore[arg-type]
+    s.set_epoch(3)
+    micro_batches = s.plan().real_tokens().reshape(-1)
+    expected = group_into_steps(micro_batches, ramp, 3, consumed_tokens=sum(held))
+    assert np.array_equal(s.step_offsets(), expected)  # type: ignore[arg-type]
+    # The state carries that count, so a resume does not recount the earlier epochs.
+    state = s.state_dict()
+    assert state["tokens_before_epoch"] == sum(held)
+    resumed = TokenBudgetBatchSampler(
+        LENGTHS, 1024, num_replicas=3, seed=3, schedule=ramp, **options
+    )  # type: ignore[arg-type]
+    resumed.load_state_dict(state)
+    assert resumed._tokens_before(3) == sum(held)
+    assert np.array_equal(resumed.step_offsets(), expected)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,8 @@ import pytest
 from tokenbatch.cli import main
 from tokenbatch.cli.schedule_command import plot_schedule
 from tokenbatch.errors import InvalidValueError
+from tokenbatch.memory import ModelSpec
+from tokenbatch.scaling import ExtrapolationWarning, launch_plan
 from tokenbatch.schedule import MegatronRampup, WarmupStableDecayLR, deepseek_v3_ramp
 
 
@@ -56,8 +59,44 @@ def test_every_step_with_lr_and_output(tmp_path: Path, capsys: pytest.CaptureFix
         np.testing.assert_allclose(data["lr"], expected)
 
 
-def test_recommend_prints_law_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["schedule", "--recommend", "7B", "--total-tokens", "2T", "--dp", "128"])
+def test_recommend_prints_a_launch_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["schedule", "--recommend", "llama-3.1-8b", "--total-tokens", "1T", "--gpus", "64"]
+    args += ["--seq-len", "8192", "--lr", "3e-4", "--plot", str(tmp_path / "plan.png")]
+    code = main([*args, "--output", str(tmp_path / "steps.npz")])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "Launch plan: llama-3.1-8b" in captured.out
+    assert "--step-batch-size-schedule" in captured.out
+    assert "n_params=8.03e+09 is outside the range" in captured.err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        plan = launch_plan(
+            ModelSpec.preset("llama-3.1-8b"),
+            10**12,
+            num_gpus=64,
+            seq_len=8192,
+            gpu_memory=80e9,
+            peak_lr=3e-4,
+        )
+    assert plan.explanation() in captured.out
+    with np.load(tmp_path / "steps.npz") as data:
+        assert len(data["batch_tokens"]) == plan.steps
+        assert data["lr"][-1] < 3e-4  # cosine decay of the final stage's rate
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+    # A parameter count, as JSON.
+    code = main(
+        ["schedule", "--recommend", "7B", "--total-tokens", "2T", "--gpus", "128", "--json"]
+    )
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert summary["dp"] == 128
+    assert summary["layout"] is None
+    assert sum(stage["steps"] for stage in summary["stages"]) == summary["steps"]
+
+
+def test_recommend_with_step_law_prints_law_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["schedule", "--recommend", "7B", "--law", "step"]
+    code = main([*args, "--total-tokens", "2T", "--dp", "128"])
     captured = capsys.readouterr()
     assert code == 0
     assert "Step Law" in captured.out

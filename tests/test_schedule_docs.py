@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import re
 import warnings
@@ -30,3 +31,23 @@ def test_guide_examples_print_what_the_guide_shows() -> None:
             exec(compile(block, f"{GUIDE.name} block {number}", "exec"), namespace)
         for line in printed.getvalue().splitlines():
             assert _normalize(line) in shown, f"block {number} printed {line!r}"
+
+
+def test_launch_plan_figure_script_draws_the_guides_plan(tmp_path: Path) -> None:
+    script = GUIDE.parent / "gen_launch_plan_figure.py"
+    spec = importlib.util.spec_from_file_location("gen_launch_plan_figure", script)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "launch_plan.png"
+    module.main(out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The committed figure is the one the guide shows, and the script draws it.
+    assert "![The ramp of the plan above" in GUIDE.read_text(encoding="utf-8")
+    assert (GUIDE.parent / "launch_plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = script.read_text(encoding="utf-8")
+    guide = GUIDE.read_text(encoding="utf-8")
+    call = "spec, 15 * 10**12, num_gpus=512, gpu_memory=80e9, seq_len=8192, peak_lr=3e-4"
+    assert call in text
+    assert call in guide

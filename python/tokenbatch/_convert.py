@@ -125,6 +125,13 @@ def as_int_unbounded(value: Any, name: str) -> int:
         ) from None
 
 
+def as_bool(value: object, name: str) -> bool:
+    """Return ``value`` if it is a bool (Python's or numpy's); integers are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidTypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def as_choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
     """Return ``value`` if it is one of the ``allowed`` strings."""
     if not isinstance(value, str):

@@ -3,31 +3,100 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
-from typing import final
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
 
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
+    "PLAN_FORMAT",
+    "ContextParallelShard",
+    "EpochPlan",
+    "Packing",
+    "PackingBins",
+    "Planner",
+    "RankBatches",
     "Schedule",
     "__version__",
     "_panic_for_test",
     "batch_padded",
+    "cp_rank_major_order",
+    "cp_shard",
     "gather_segments",
     "get_num_threads",
     "memory_fields",
     "memory_grid",
     "memory_param_counts",
+    "mix_seed",
     "pack",
+    "permutation",
     "set_num_threads",
 ]
 
 __version__: str
 
 _I64 = npt.NDArray[np.int64]
+_F64 = npt.NDArray[np.float64]
 _Lengths = npt.NDArray[np.int64] | npt.NDArray[np.int32]
-_RawPacking = tuple[_I64, _I64, _I64, _I64, _I64, dict[str, int]]
+
+@final
+class Packing:
+    """A packing in CSR form (see ``tokenbatch.Packing``)."""
+
+    @property
+    def bin_offsets(self) -> _I64: ...
+    @property
+    def indices(self) -> _I64: ...
+    @property
+    def starts(self) -> _I64: ...
+    @property
+    def lengths(self) -> _I64: ...
+    @property
+    def bin_tokens(self) -> _I64: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def n_seqs(self) -> int: ...
+    @property
+    def kind(self) -> Literal["packed", "padded"]: ...
+    @property
+    def n_bins(self) -> int: ...
+    @property
+    def n_segments(self) -> int: ...
+    @property
+    def total_tokens(self) -> int: ...
+    @property
+    def efficiency(self) -> float: ...
+    @property
+    def lower_bound(self) -> int: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, bin_index: int, /) -> _I64: ...
+    def __iter__(self) -> PackingBins: ...
+    def segments(self, bin_index: int) -> tuple[_I64, _I64, _I64]: ...
+    def stats(self) -> dict[str, int | float]: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+    @staticmethod
+    def _from_parts(
+        bin_offsets: _I64,
+        indices: _I64,
+        starts: _I64,
+        lengths: _I64,
+        bin_tokens: _I64,
+        counts: tuple[int, int, int, int, int, int, int],
+        max_tokens: int,
+        n_seqs: int,
+        kind: str,
+        lower_bound: int,
+    ) -> Packing: ...
+
+@final
+class PackingBins(Iterator[_I64]):
+    """Iterator over the bins of a packing."""
+
+    def __iter__(self) -> PackingBins: ...
+    def __next__(self) -> _I64: ...
 
 def pack(
     lengths: _Lengths,
@@ -38,7 +107,7 @@ def pack(
     pad_to_multiple_of: int,
     oversize: str,
     seed: int,
-) -> _RawPacking: ...
+) -> Packing: ...
 def batch_padded(
     lengths: _Lengths,
     max_tokens: int,
@@ -46,7 +115,92 @@ def batch_padded(
     max_seqs: int | None,
     pad_to_multiple_of: int,
     oversize: str,
-) -> _RawPacking: ...
+) -> Packing: ...
+
+# --- plans ---
+
+PLAN_FORMAT: int
+
+_CostKind = Literal["tokens", "attention", "flops"]
+
+@final
+class Planner:
+    """Builds epoch plans for one packing (see ``tokenbatch.distribute.Planner``)."""
+
+    def __new__(
+        cls,
+        packing: Packing,
+        num_replicas: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        balance: _CostKind | None = "attention",
+        drop_last: bool = False,
+        pad_to_multiple_of: int = 1,
+        split_sequences: bool = False,
+        hidden_size: int | None = None,
+    ) -> Planner: ...
+    @property
+    def packing(self) -> Packing: ...
+    @property
+    def num_replicas(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def balance(self) -> _CostKind | None: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def pad_to_multiple_of(self) -> int: ...
+    @property
+    def split_sequences(self) -> bool: ...
+    @property
+    def hidden_size(self) -> int | None: ...
+    @property
+    def epoch_tokens(self) -> int: ...
+    def plan(self, epoch: int) -> EpochPlan: ...
+    def plan_after(self, epoch: int, runs: Iterable[tuple[int, int]]) -> EpochPlan: ...
+
+@final
+class EpochPlan:
+    """One epoch of data-parallel micro-batches (see ``tokenbatch.distribute.EpochPlan``)."""
+
+    @property
+    def steps(self) -> _I64: ...
+    @property
+    def bin_offsets(self) -> _I64: ...
+    @property
+    def indices(self) -> _I64: ...
+    @property
+    def starts(self) -> _I64: ...
+    @property
+    def lengths(self) -> _I64: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def num_replicas(self) -> int: ...
+    @property
+    def n_steps(self) -> int: ...
+    def __len__(self) -> int: ...
+    def rank_bins(self, rank: int) -> _I64: ...
+    def batches(self, rank: int, start: int = 0, *, segments: bool = False) -> RankBatches: ...
+    def rest(self, step: int) -> Packing: ...
+    def step_costs(self, kind: _CostKind = "tokens") -> _F64: ...
+    def real_tokens(self) -> _I64: ...
+    def stats(self) -> dict[str, int | float]: ...
+
+@final
+class RankBatches(Iterator[Any]):
+    """Iterator over the batches of one rank: lists of indices or of segments."""
+
+    def __iter__(self) -> RankBatches: ...
+    def __next__(self) -> Any: ...
+    def __length_hint__(self) -> int: ...
+
+def mix_seed(parts: list[int]) -> int: ...
+def permutation(seed: int, n: int) -> _I64: ...
 
 # --- gather ---
 
@@ -55,6 +209,34 @@ _Words = (
 )
 
 def gather_segments(values: _Words, starts: _I64, lengths: _I64) -> _Words: ...
+
+# --- context parallelism ---
+
+@final
+class ContextParallelShard:
+    """The part of a packed row that one context-parallel rank processes.
+
+    ``indices``: positions in the padded row of this rank's tokens, in its order (for each
+    document, chunk ``cp_rank`` then chunk ``2 * cp_size - 1 - cp_rank``);
+    ``cu_seqlens``: cumulative real tokens of each document on this rank;
+    ``cu_seqlens_padded``: cumulative tokens of each document on this rank
+    (``cu_seqlens_padded // cp_size`` of the whole row). Read-only int64 arrays.
+    """
+
+    @property
+    def indices(self) -> _I64:
+        """Positions in the padded row of this rank's tokens, in the rank's order."""
+    @property
+    def cu_seqlens(self) -> _I64:
+        """Cumulative count of each document's real (not padding) tokens on this rank."""
+    @property
+    def cu_seqlens_padded(self) -> _I64:
+        """Cumulative count of each document's tokens on this rank, padding included."""
+
+def cp_shard(
+    cu_seqlens: _I64, cu_seqlens_padded: _I64, cp_size: int, cp_rank: int
+) -> ContextParallelShard: ...
+def cp_rank_major_order(cu_seqlens_padded: _I64, cp_size: int) -> _I64: ...
 
 # --- schedule ---
 
@@ -90,6 +272,8 @@ class Schedule:
         seq_len: int | None,
         allow_decrease: bool,
     ) -> Schedule: ...
+    @staticmethod
+    def megatron_steps(from_samples: _I64, batches: _I64, seq_len: int | None) -> Schedule: ...
     def batch_at(self, consumed: _I64) -> _I64: ...
     def table(
         self, total_tokens: int, micro_batch_tokens: int, dp: int

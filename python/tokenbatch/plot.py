@@ -1,4 +1,5 @@
-"""Plots of packings, memory breakdowns and schedules (the ``plot`` extra: matplotlib).
+"""Plots of packings, memory breakdowns, schedules and launch plans (the ``plot`` extra:
+matplotlib).
 
 Every function returns a ``matplotlib.figure.Figure`` and, given ``path``, also writes
 it to that file (PNG, SVG, PDF... by extension). Figures are built with the
@@ -24,12 +25,13 @@ from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.memory import MemoryEstimate
 from tokenbatch.packing import Packing
+from tokenbatch.scaling.launch import LaunchPlan
 from tokenbatch.schedule import BatchSchedule, LRSchedule
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["plot_memory", "plot_packing", "plot_schedule"]
+__all__ = ["plot_launch_plan", "plot_memory", "plot_packing", "plot_schedule"]
 
 PathLikeStr = str | PathLike[str]
 _GIB = float(2**30)
@@ -192,4 +194,76 @@ def plot_schedule(
         rate_axes = axes.twinx()
         rate_axes.plot(before, lr.lr_at(before.astype(np.float64)), color="#C44E52")
         rate_axes.set_ylabel("learning rate", color="#C44E52")
+    return _finish(figure, path)
+
+
+def plot_launch_plan(plan: LaunchPlan, *, path: PathLikeStr | None = None) -> Figure:
+    """Two panels: the plan's batch ramp, and the loss its law predicts around the batch.
+
+    Left, against consumed tokens (log axes): each stage's batch in tokens per step, the
+    law's critical batch along the run (a stage starts where that curve reaches its batch),
+    the optimal batch for the whole budget, and each stage's learning rate on a second
+    axis. Right, for batches from 1/8 to 8 times the optimum: the share of the token
+    budget with which the optimal batch reaches the loss of that batch
+    (:meth:`~tokenbatch.scaling.BatchLaw.token_fraction`); the 5%-suboptimal range is
+    where it stays above 95%, shaded, with the optimum and the chosen batch marked.
+    """
+    if not isinstance(plan, LaunchPlan):
+        raise InvalidTypeError(
+            f"plan must be a tokenbatch.scaling.LaunchPlan, got {type(plan).__name__}"
+        )
+    figure, (ramp_axes, loss_axes) = _figure(11, 4.2, columns=2)
+    law, tokens = plan.law, plan.tokens
+    first = plan.stages[0].batch_tokens
+    starts = [max(stage.start_tokens, first) for stage in plan.stages] + [plan.consumed_tokens]
+    batches = [stage.batch_tokens for stage in plan.stages]
+    ramp_axes.step(
+        starts, [*batches, batches[-1]], where="post", color="#4C72B0", label="batch per step"
+    )
+    along = np.geomspace(first, tokens, 200)
+    ramp_axes.plot(
+        along,
+        law.critical_batch_after(along),
+        color="#C44E52",
+        linestyle="--",
+        label="critical batch of the loss reached",
+    )
+    ramp_axes.axhline(
+        plan.optimal_batch_tokens, color="#55A868", linestyle=":", label="optimal batch for D"
+    )
+    ramp_axes.set_xscale("log")
+    ramp_axes.set_yscale("log")
+    ramp_axes.set_ylim(first / 2, plan.batch_tokens * 4)
+    ramp_axes.set_xlabel("consumed tokens")
+    ramp_axes.set_ylabel("global batch (tokens per step)")
+    ramp_axes.set_title(
+        f"{len(plan.stages)} stages, {plan.steps:,} steps, {plan.model}", fontsize=10
+    )
+    rate_axes = ramp_axes.twinx()
+    rates = [stage.learning_rate for stage in plan.stages]
+    rate_axes.step(starts, [*rates, rates[-1]], where="post", color="#8172B2", alpha=0.6)
+    rate_axes.set_ylabel("peak learning rate", color="#8172B2")
+    rate_axes.set_ylim(0, max(rates) * 1.3)
+    ramp_axes.legend(fontsize=8, loc="upper left")
+
+    optimum = plan.optimal_batch_tokens
+    around = optimum * np.geomspace(1 / 8, 8, 400)
+    share = 100 * np.asarray(law.token_fraction(around, tokens))
+    low, high = plan.near_optimal_range
+    loss_axes.plot(around, share, color="#4C72B0")
+    loss_axes.axvspan(low, high, color="#55A868", alpha=0.15, label="5%-suboptimal range")
+    loss_axes.axhline(95, color="#55A868", linestyle=":")
+    loss_axes.axvline(optimum, color="black", linestyle=":", label="optimum")
+    loss_axes.plot(
+        [plan.batch_tokens],
+        [100 * plan.token_fraction],
+        "o",
+        color="#C44E52",
+        label="chosen batch",
+    )
+    loss_axes.set_xscale("log")
+    loss_axes.set_xlabel("global batch (tokens per step)")
+    loss_axes.set_ylabel("tokens the optimum needs for this loss (% of D)")
+    loss_axes.set_title(f"the law's loss around the optimum, D = {tokens:.3g} tokens", fontsize=10)
+    loss_axes.legend(fontsize=8, loc="lower center")
     return _finish(figure, path)

@@ -3,8 +3,10 @@
 State the batch in tokens and let everything else follow: sequences per step, gradient
 accumulation, optimizer steps for a token budget, batch-size ramps during training
 (Megatron-LM's ``--rampup-batch-size``, DeepSeek-V3's and GPT-3's linear ramps, Llama 3's
-doublings) and learning-rate schedules defined in tokens, so they stay right when the
-batch size changes. The per-step arithmetic runs in the Rust core.
+doublings, Megatron-LM's ``--step-batch-size-schedule``) and learning-rate schedules
+defined in tokens, so they stay right when the batch size changes. The per-step
+arithmetic runs in the Rust core; :mod:`tokenbatch.megatron` reads and writes Megatron-LM's
+launcher arguments.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "LRSchedule",
     "LinearRamp",
     "MegatronRampup",
+    "MegatronStepSchedule",
     "Piecewise",
     "WarmupStableDecayLR",
     "deepseek_v3_ramp",
@@ -343,6 +346,21 @@ class MegatronRampup(BatchSchedule):
         iters = self._schedule.megatron_train_iters(as_int(train_samples, "train_samples"))
         return 0 if iters is None else iters
 
+    def launcher_args(self) -> str:
+        """The Megatron-LM arguments of this ramp (``--seq-length`` when known).
+
+        Megatron-LM ignores ``--rampup-batch-size`` since core 0.18 (April 2026); newer
+        versions take :func:`tokenbatch.megatron.to_step_batch_size_schedule` instead.
+
+        >>> MegatronRampup(32, 32, 1000, 1024).launcher_args()
+        '--rampup-batch-size 32 32 1000 --global-batch-size 1024'
+        """
+        args = (
+            f"--rampup-batch-size {self.start} {self.increment} {self.ramp_samples} "
+            f"--global-batch-size {self.global_batch}"
+        )
+        return args if self.seq_len is None else f"{args} --seq-length {self.seq_len}"
+
     def __repr__(self) -> str:
         return (
             f"MegatronRampup(start={self.start}, increment={self.increment}, "
@@ -430,19 +448,7 @@ class Piecewise(BatchSchedule):
         seq_len: int | None = None,
         allow_decrease: bool = False,
     ) -> None:
-        if isinstance(pieces, (str, bytes)) or not isinstance(pieces, Sequence):
-            raise InvalidTypeError(
-                f"pieces must be a sequence of (from_tokens, batch) pairs, got {pieces!r}"
-            )
-        starts: list[int] = []
-        batches: list[int] = []
-        for position, piece in enumerate(pieces):
-            if not isinstance(piece, (tuple, list)) or len(piece) != 2:
-                raise InvalidTypeError(
-                    f"pieces[{position}] must be a (from_tokens, batch) pair, got {piece!r}"
-                )
-            starts.append(as_int(piece[0], f"pieces[{position}] from_tokens"))
-            batches.append(as_int(piece[1], f"pieces[{position}] batch"))
+        starts, batches = _as_pieces(pieces, "from_tokens")
         self.pieces: list[tuple[int, int]] = list(zip(starts, batches, strict=True))
         self.unit = _as_unit(unit)
         self.seq_len = _as_seq_len(seq_len, self.unit)
@@ -461,6 +467,61 @@ class Piecewise(BatchSchedule):
 
     def __repr__(self) -> str:
         return f"Piecewise({self.pieces}, unit={self.unit!r}, seq_len={self.seq_len})"
+
+
+def _as_pieces(pieces: object, start_name: str) -> tuple[list[int], list[int]]:
+    """``(start, batch)`` pairs as two lists of ints, with errors naming the bad pair."""
+    if isinstance(pieces, (str, bytes)) or not isinstance(pieces, Sequence):
+        raise InvalidTypeError(
+            f"pieces must be a sequence of ({start_name}, batch) pairs, got {pieces!r}"
+        )
+    starts: list[int] = []
+    batches: list[int] = []
+    for position, piece in enumerate(pieces):
+        if not isinstance(piece, (tuple, list)) or len(piece) != 2:
+            raise InvalidTypeError(
+                f"pieces[{position}] must be a ({start_name}, batch) pair, got {piece!r}"
+            )
+        starts.append(as_int(piece[0], f"pieces[{position}] {start_name}"))
+        batches.append(as_int(piece[1], f"pieces[{position}] batch"))
+    return starts, batches
+
+
+class MegatronStepSchedule(BatchSchedule):
+    """Megatron-LM's ``--step-batch-size-schedule``, with Megatron's semantics.
+
+    ``pieces`` lists ``(from_samples, batch)`` pairs, both in samples (sequences), as
+    Megatron-LM holds the schedule once parsed: the global batch after
+    ``consumed_samples`` samples is the batch of the last piece whose threshold is at most
+    ``consumed_samples``. Thresholds start at 0 and strictly increase; batches are positive
+    and may decrease (Megatron allows it). :meth:`batch_at` reads consumed *samples*; give
+    ``seq_len`` (``--seq-length``) to use :meth:`table` and the token-based methods.
+
+    Build one from the launcher string with
+    :func:`tokenbatch.megatron.from_step_batch_size_schedule`, which converts token
+    thresholds to samples as Megatron does.
+
+    >>> MegatronStepSchedule([(0, 768), (1000, 1536)]).batch_at([0, 999, 1000]).tolist()
+    [768, 768, 1536]
+    """
+
+    key: Literal["tokens", "samples"] = "samples"
+
+    def __init__(self, pieces: Sequence[tuple[int, int]], *, seq_len: int | None = None) -> None:
+        starts, batches = _as_pieces(pieces, "from_samples")
+        self.pieces: list[tuple[int, int]] = list(zip(starts, batches, strict=True))
+        self.unit = "sequences"
+        self.seq_len = None if seq_len is None else as_int(seq_len, "seq_len", minimum=1)
+        self._schedule = _core.Schedule.megatron_steps(
+            np.array(starts, dtype=np.int64), np.array(batches, dtype=np.int64), self.seq_len
+        )
+
+    @property
+    def _raw(self) -> _core.Schedule:
+        return self._schedule
+
+    def __repr__(self) -> str:
+        return f"MegatronStepSchedule({self.pieces}, seq_len={self.seq_len})"
 
 
 def group_into_steps(

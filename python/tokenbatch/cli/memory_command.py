@@ -14,6 +14,7 @@ from tokenbatch.cli.table import format_table
 from tokenbatch.cli.units import (
     BYTES_HELP,
     COUNT_HELP,
+    GPU_MEMORY_MINIMUM,
     byte_size,
     count,
     output_file,
@@ -23,9 +24,6 @@ from tokenbatch.errors import InvalidValueError
 from tokenbatch.memory.estimate import GIB, MemoryEstimate, estimate_memory
 from tokenbatch.memory.planner import plan
 from tokenbatch.memory.spec import PRESETS, ModelSpec
-
-#: No GPU has less: a smaller value is a missing unit (``--gpu-memory 80`` for 80GB).
-_MIN_GPU_MEMORY = 2**20
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +57,7 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     memory.add_argument(
         "--gpu-memory",
-        type=byte_size(minimum=_MIN_GPU_MEMORY),
+        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
         help="GPU memory to compare with, e.g. 80GB or 141GB",
     )
     memory.add_argument(
@@ -77,7 +75,7 @@ def register(subparsers: Any) -> None:
     planner.add_argument("--gpus", type=count(), required=True, help="number of GPUs")
     planner.add_argument(
         "--gpu-memory",
-        type=byte_size(minimum=_MIN_GPU_MEMORY),
+        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
         default="80GB",
         help="memory per GPU (default 80GB)",
     )

@@ -1,4 +1,4 @@
-"""``tokenbatch schedule``: tabulate a batch-size schedule or a scaling-law recommendation."""
+"""``tokenbatch schedule``: tabulate a batch-size schedule, or print a scaling law's launch plan."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenbatch.cli.memory_command import load_spec
 from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.table import format_table, format_value
 from tokenbatch.cli.units import (
+    BYTES_HELP,
     COUNT_HELP,
+    GPU_MEMORY_MINIMUM,
+    byte_size,
     count,
     non_negative_real,
     output_file,
@@ -24,7 +28,8 @@ from tokenbatch.cli.units import (
     positive_real,
 )
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.scaling import ExtrapolationWarning, Recommendation, recommend
+from tokenbatch.memory import ModelSpec
+from tokenbatch.scaling import ExtrapolationWarning, Recommendation, launch_plan, recommend
 from tokenbatch.schedule import (
     PRESETS,
     BatchSchedule,
@@ -60,7 +65,7 @@ def register(subparsers: Any) -> None:
         description=(
             "Print the per-optimizer-step table, or a summary, of a batch-size schedule: "
             "a Megatron-LM ramp, a linear ramp, piecewise batches, a published preset, or "
-            f"the batch a scaling law recommends. {COUNT_HELP}"
+            f"the batch a scaling law recommends. {COUNT_HELP} {BYTES_HELP}"
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -89,11 +94,23 @@ def register(subparsers: Any) -> None:
     )
     source.add_argument(
         "--recommend",
-        type=parse_count,
-        metavar="N_PARAMS",
-        help="batch from a scaling law for a model of N_PARAMS parameters",
+        metavar="MODEL",
+        help="a launch plan from a scaling law for MODEL: a model preset, a config.json or a "
+        "parameter count (7B); with --law step or deepseek, a batch size and a ramp heuristic",
     )
-    parser.add_argument("--law", choices=["step", "deepseek"], default="step")
+    parser.add_argument(
+        "--law",
+        choices=["three-term", "step", "deepseek"],
+        default="three-term",
+        help="the law behind --recommend (three-term: Schaipp 2026, a full launch plan)",
+    )
+    parser.add_argument("--gpus", type=count(), default=None, help="GPUs (default: --dp)")
+    parser.add_argument(
+        "--gpu-memory",
+        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
+        default="80GB",
+        help="memory per GPU (default 80GB)",
+    )
     parser.add_argument("--unit", choices=["tokens", "sequences"], default="tokens")
     parser.add_argument("--seq-len", type=count(), default=None, help="tokens per sequence")
     parser.add_argument("--by", choices=["tokens", "steps"], default="tokens", help="ramp shape")
@@ -173,12 +190,16 @@ def build_schedule(args: argparse.Namespace) -> tuple[BatchSchedule, str, Recomm
         return schedule, repr(schedule), None
     if args.total_tokens is None:
         raise InvalidValueError("--recommend needs --total-tokens")
+    try:
+        n_params = parse_count(args.recommend)
+    except argparse.ArgumentTypeError as exc:
+        raise InvalidValueError(f"--recommend with --law {args.law} takes a count: {exc}") from None
     grid = args.multiple_of
     if grid is None:
         grid = _micro_batch_tokens(args, None) * args.dp
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ExtrapolationWarning)
-        advice = recommend(args.recommend, args.total_tokens, law=args.law, multiple_of=grid)
+        advice = recommend(n_params, args.total_tokens, law=args.law, multiple_of=grid)
     for warning in caught:
         print(f"tokenbatch: warning: {warning.message}", file=sys.stderr)
     constant = Piecewise([(0, advice.batch_tokens)])
@@ -204,7 +225,59 @@ def _lr_schedule(args: argparse.Namespace, total: int) -> LRSchedule | None:
     return WarmupStableDecayLR(args.lr, total, warmup_tokens=args.warmup_tokens, min_lr=args.min_lr)
 
 
+def _model(text: str) -> ModelSpec | int:
+    """A parameter count (``7B``), or a model preset or config.json for a full plan."""
+    try:
+        return parse_count(text)
+    except argparse.ArgumentTypeError as not_a_count:
+        try:
+            return load_spec(text)
+        except InvalidValueError as not_a_model:
+            raise InvalidValueError(
+                f"--recommend {text!r} is neither a parameter count ({not_a_count}) nor a "
+                f"model ({not_a_model})"
+            ) from None
+
+
+def run_launch_plan(args: argparse.Namespace) -> int:
+    """``--recommend MODEL`` with the three-term law: print the launch plan."""
+    if args.total_tokens is None:
+        raise InvalidValueError("--recommend needs --total-tokens")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ExtrapolationWarning)
+        plan = launch_plan(
+            _model(args.recommend),
+            args.total_tokens,
+            num_gpus=args.gpus if args.gpus is not None else args.dp,
+            seq_len=args.seq_len if args.seq_len is not None else 4096,
+            gpu_memory=args.gpu_memory,
+            peak_lr=args.lr,
+        )
+    for warning in caught:
+        print(f"tokenbatch: warning: {warning.message}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(plan.explanation())
+    if args.output is not None:
+        table = plan.schedule.table(plan.tokens, plan.micro_batch_tokens, plan.dp)
+        base = _lr_schedule(args, plan.tokens)
+        if base is None:
+            base = CosineLR(plan.peak_lr, plan.tokens, warmup_tokens=args.warmup_tokens)
+        rates = plan.lr_schedule(base).lr_at(table["consumed_tokens"])
+        with atomic_output(args.output) as partial:
+            save_table(table, rates, partial)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.plot is not None:
+        with atomic_output(args.plot) as partial:
+            plan.plot(path=str(partial))
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.recommend is not None and args.law == "three-term":
+        return run_launch_plan(args)
     schedule, description, advice = build_schedule(args)
     total = args.total_tokens
     if total is None:

@@ -30,6 +30,7 @@ from pathlib import Path
 __all__ = [
     "BYTES_HELP",
     "COUNT_HELP",
+    "GPU_MEMORY_MINIMUM",
     "byte_size",
     "count",
     "non_negative_real",
@@ -49,6 +50,9 @@ BYTES_HELP = (
 )
 
 _INT64_MAX = 2**63 - 1
+
+#: No GPU has less memory: a smaller ``--gpu-memory`` is a missing unit (``80`` for 80GB).
+GPU_MEMORY_MINIMUM = 2**20
 _NUMBER = re.compile(
     r"\s*(?P<number>[0-9][0-9_,]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)"
     r"\s*(?P<unit>[A-Za-z]*)\s*"

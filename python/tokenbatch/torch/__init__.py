@@ -16,16 +16,23 @@ This package imports torch; the rest of tokenbatch does not.
 from __future__ import annotations
 
 from tokenbatch.torch.collate import PackedCollator, PaddedCollator
+from tokenbatch.torch.context_parallel import ContextParallelCollator, shard_batch, unshard
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
 from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
+from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
 from tokenbatch.torch.sync import stop_together
 
 __all__ = [
     "BatchIndices",
+    "ContextParallelCollator",
+    "OptimizerSteps",
     "PackedCollator",
     "PaddedCollator",
     "SegmentDataset",
     "TokenBudgetBatchSampler",
+    "optimizer_steps",
     "sequence_lengths",
+    "shard_batch",
     "stop_together",
+    "unshard",
 ]

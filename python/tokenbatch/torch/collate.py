@@ -9,11 +9,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from tokenbatch._convert import as_choice, as_int
-from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch._convert import as_bool, as_choice, as_int
+from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
 from tokenbatch.torch.data import _tokens
 
 __all__ = ["PackedCollator", "PaddedCollator"]
+
+_INT32_MAX = np.iinfo(np.int32).max
 
 
 def _as_int64(values: Any, name: str) -> npt.NDArray[np.int64]:
@@ -49,23 +51,38 @@ def _read_items(
 
 
 class PackedCollator:
-    """Concatenate a batch into one padding-free row, the format of varlen attention.
+    """Concatenate a batch into one row, the format of varlen attention.
 
     From items holding ``input_ids`` (and optionally ``labels``, unshifted, as Hugging
     Face models take them) it returns:
 
     * ``input_ids``, ``labels``, ``position_ids``: int64 tensors of shape
-      ``[1, total_tokens]``; positions restart at 0 for every sequence, and the label of
-      every sequence's first token is ``ignore_index``, so no sequence is trained to
-      predict the start of the next one;
-    * ``cu_seqlens``: int32 cumulative sequence lengths ``[0, l0, l0 + l1, ...]`` for
-      ``flash_attn_varlen_func``; ``max_seqlen``: the longest sequence (an int);
+      ``[1, total_tokens]``; positions restart at ``position_ids_start`` for every
+      sequence, and the label of every sequence's first token is ``ignore_index``, so no
+      sequence is trained to predict the start of the next one;
+    * ``cu_seqlens``: int32 cumulative real lengths ``[0, l0, l0 + l1, ...]``;
+      ``cu_seqlens_padded``: int32 offsets of the sequences in the row (equal to
+      ``cu_seqlens`` unless ``pad_each_to_multiple_of > 1``); ``max_seqlen``: the longest
+      sequence with its padding (an int);
     * ``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q`` / ``max_length_k``: the
-      same, under the names Hugging Face models accept for padding-free training.
+      row layout (``cu_seqlens_padded``, ``max_seqlen``) under the names Hugging Face
+      models accept for padding-free training;
+    * ``seq_idx`` (with ``return_seq_idx=True``): int32 ``[1, total_tokens]``, the index
+      of each token's sequence in the row, as Mamba-style layers take it.
 
-    Empty sequences are skipped. With ``pad_to_multiple_of > 1`` the row is padded with
-    ``pad_token_id`` to a multiple of it, as one more sequence whose labels are all
-    ``ignore_index``.
+    ``pad_each_to_multiple_of=k`` pads every sequence with ``pad_token_id`` to a multiple
+    of ``k`` tokens, as context parallelism needs (``k = 2 * cp_size``; see
+    :class:`ContextParallelCollator`): the padding follows the sequence's real tokens,
+    takes its ``seq_idx``, continues its positions and has ``ignore_index`` labels.
+    Causal attention over ``cu_seqlens_padded`` then gives every real token the output it
+    has alone. A bin that ``tokenbatch.pack(..., pad_to_multiple_of=k)`` fits in
+    ``max_tokens`` makes a row of at most ``max_tokens`` tokens.
+
+    Empty sequences are skipped. With ``pad_to_multiple_of > 1`` the whole row is padded
+    with ``pad_token_id`` to a multiple of it, as one more sequence whose labels are all
+    ``ignore_index``. ``return_seq_idx`` and ``position_ids_start`` are the names of Hugging
+    Face's ``DataCollatorWithFlattening``, which gives the same tensors when nothing is
+    padded.
 
     Items are mappings holding ``input_key`` (lists, numpy arrays or tensors), or the
     token sequences themselves.
@@ -79,12 +96,20 @@ class PackedCollator:
         ignore_index: int = -100,
         pad_token_id: int = 0,
         pad_to_multiple_of: int = 1,
+        pad_each_to_multiple_of: int = 1,
+        return_seq_idx: bool = False,
+        position_ids_start: int = 0,
     ) -> None:
         self.input_key = input_key
         self.labels_key = labels_key
         self.ignore_index = as_int(ignore_index, "ignore_index")
         self.pad_token_id = as_int(pad_token_id, "pad_token_id")
         self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
+        self.pad_each_to_multiple_of = as_int(
+            pad_each_to_multiple_of, "pad_each_to_multiple_of", minimum=1
+        )
+        self.return_seq_idx = as_bool(return_seq_idx, "return_seq_idx")
+        self.position_ids_start = as_int(position_ids_start, "position_ids_start")
 
     def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
         """Collate ``items`` (one batch of the sampler) into tensors."""
@@ -95,34 +120,57 @@ class PackedCollator:
         for tokens, i in zip(ids, keep, strict=True):
             item_labels = labels[i]
             labels_list.append(tokens if item_labels is None else item_labels)
-        seq_lens = [len(tokens) for tokens in ids]
-        total = sum(seq_lens)
-        padding = -total % self.pad_to_multiple_of
-        if padding:
-            ids.append(np.full(padding, self.pad_token_id, dtype=np.int64))
-            labels_list.append(np.full(padding, self.ignore_index, dtype=np.int64))
-            seq_lens.append(padding)
-        lens = np.asarray(seq_lens, dtype=np.int64)
-        cu = np.zeros(len(lens) + 1, dtype=np.int64)
-        np.cumsum(lens, out=cu[1:])
-        n_tokens = int(cu[-1])
-        input_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        label_row = np.concatenate(labels_list) if ids else np.zeros(0, dtype=np.int64)
-        label_row[cu[:-1]] = self.ignore_index
-        position_ids = np.arange(n_tokens, dtype=np.int64) - np.repeat(cu[:-1], lens)
+        n_docs = len(ids)
+        multiple = self.pad_each_to_multiple_of
+        lens = np.fromiter((len(tokens) for tokens in ids), dtype=np.int64, count=n_docs)
+        padded = -(-lens // multiple) * multiple
+        row_padding = -int(padded.sum()) % self.pad_to_multiple_of
+        if row_padding:
+            lens = np.append(lens, row_padding)
+            padded = np.append(padded, row_padding)
+        cu = _cumulative(lens)
+        cu_padded = _cumulative(padded)
+        n_tokens = int(cu_padded[-1])
+        if n_tokens > _INT32_MAX:
+            raise TokenBatchOverflowError(
+                f"the row has {n_tokens} tokens; cu_seqlens are int32, at most {_INT32_MAX}"
+            )
+        # Each real token moves right by the padding of the sequences before its own.
+        shift = np.repeat(cu_padded[:n_docs] - cu[:n_docs], lens[:n_docs])
+        dest = np.arange(len(shift), dtype=np.int64) + shift
+        input_ids = np.full(n_tokens, self.pad_token_id, dtype=np.int64)
+        label_row = np.full(n_tokens, self.ignore_index, dtype=np.int64)
+        if ids:
+            input_ids[dest] = np.concatenate(ids)
+            label_row[dest] = np.concatenate(labels_list)
+        label_row[cu_padded[:-1]] = self.ignore_index
+        starts = np.repeat(cu_padded[:-1], padded)
+        position_ids = np.arange(n_tokens, dtype=np.int64) - starts + self.position_ids_start
         cu_seqlens = torch.from_numpy(cu.astype(np.int32))
-        max_seqlen = int(lens.max()) if len(lens) else 0
-        return {
+        cu_seqlens_padded = torch.from_numpy(cu_padded.astype(np.int32))
+        max_seqlen = int(padded.max()) if len(padded) else 0
+        batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(input_ids).view(1, n_tokens),
             "labels": torch.from_numpy(label_row).view(1, n_tokens),
             "position_ids": torch.from_numpy(position_ids).view(1, n_tokens),
             "cu_seqlens": cu_seqlens,
+            "cu_seqlens_padded": cu_seqlens_padded,
             "max_seqlen": max_seqlen,
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
+            "cu_seq_lens_q": cu_seqlens_padded,
+            "cu_seq_lens_k": cu_seqlens_padded,
             "max_length_q": max_seqlen,
             "max_length_k": max_seqlen,
         }
+        if self.return_seq_idx:
+            seq_idx = np.repeat(np.arange(len(padded), dtype=np.int32), padded)
+            batch["seq_idx"] = torch.from_numpy(seq_idx).view(1, n_tokens)
+        return batch
+
+
+def _cumulative(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
 
 
 class PaddedCollator:

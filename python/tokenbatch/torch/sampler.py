@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
+import sys
 from collections.abc import Iterator, Mapping, Sequence, Sized
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +21,7 @@ from tokenbatch._convert import (
     check_same_config,
     replicas_and_rank,
 )
-from tokenbatch.distribute import Balance, EpochPlan, Planner, Segment, mix_seed
+from tokenbatch.distribute import PLAN_FORMAT, Balance, EpochPlan, Planner, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
@@ -29,10 +32,137 @@ __all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
 #: sequences may be split or truncated (``oversize="split"`` or ``"truncate"``).
 BatchIndices = list[int] | list[Segment]
 
-_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/1"
-#: Seed stream of the plans that finish an epoch after a change of world size.
-_RESIZE_STREAM = 0x7265_7369_7A65
+_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/2"
+#: States written before the plan format was recorded: their plan format.
+_UNVERSIONED_STATES = {"tokenbatch.TokenBudgetBatchSampler/1": 1}
 _OVERSIZE = ("error", "truncate", "split", "drop")
+
+#: Runs of an epoch on other world sizes before a resized resume: ``(num_replicas, steps)``.
+_Runs = tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """Everything that shapes the plans, validated once and never changed."""
+
+    lengths: npt.NDArray[np.int64]
+    max_tokens: int
+    mode: Literal["packed", "padded"]
+    algorithm: Algorithm
+    shuffle: bool
+    seed: int
+    num_replicas: int
+    rank: int
+    drop_last: bool
+    balance: Balance
+    oversize: OversizePolicy
+    max_seqs: int | None
+    pad_to_multiple_of: int
+    hidden_size: int | None
+    schedule: BatchSchedule | None
+
+    @property
+    def repacks_every_epoch(self) -> bool:
+        """``first_fit_shuffled`` with ``shuffle`` packs every epoch with its own seed."""
+        return self.mode == "packed" and self.algorithm == "first_fit_shuffled" and self.shuffle
+
+    def packing_epoch(self, epoch: int) -> int:
+        """The epoch whose packing ``epoch`` uses (0 unless every epoch repacks)."""
+        return epoch if self.repacks_every_epoch else 0
+
+    def packing(self, packing_epoch: int) -> Packing:
+        if self.mode == "padded":
+            return batch_padded(
+                self.lengths,
+                self.max_tokens,
+                max_seqs=self.max_seqs,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                oversize=self.oversize,
+            )
+        return pack(
+            self.lengths,
+            self.max_tokens,
+            algorithm=self.algorithm,
+            max_seqs=self.max_seqs,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            oversize=self.oversize,
+            seed=mix_seed(self.seed, packing_epoch) if self.repacks_every_epoch else self.seed,
+        )
+
+    def planner(self, packing: Packing) -> Planner:
+        return Planner(
+            packing,
+            self.num_replicas,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            balance=self.balance,
+            drop_last=self.drop_last,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            split_sequences=self.oversize == "split",
+            hidden_size=self.hidden_size,
+        )
+
+    def config(self) -> dict[str, Any]:
+        """The options a state records (the lengths enter through the fingerprint)."""
+        return {
+            "max_tokens": self.max_tokens,
+            "mode": self.mode,
+            "algorithm": self.algorithm,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "drop_last": self.drop_last,
+            "balance": self.balance,
+            "oversize": self.oversize,
+            "max_seqs": self.max_seqs,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "hidden_size": self.hidden_size,
+            "schedule": None if self.schedule is None else repr(self.schedule),
+        }
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(self.lengths.astype("<i8", copy=False).tobytes())
+        options = {k: v for k, v in self.config().items() if k != "num_replicas"}
+        digest.update(repr(sorted(options.items())).encode())
+        return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cursor:
+    """Where the sampler stands: an epoch, the runs of it on other world sizes before a
+    resized resume, and the step the next iteration starts at."""
+
+    epoch: int = 0
+    resized: _Runs = ()
+    start: int = 0
+
+    @property
+    def plan_key(self) -> tuple[int, _Runs]:
+        return self.epoch, self.resized
+
+
+_T = TypeVar("_T")
+
+
+class _Option(Generic[_T]):
+    """A read-only attribute of the sampler: one of its frozen options."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Option[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+    def __get__(self, instance: object, owner: type | None = None) -> _T | _Option[_T]:
+        if instance is None:
+            return self
+        return cast(_T, getattr(instance._options, self._name))  # type: ignore[attr-defined]
+
+    def __set__(self, instance: object, value: _T) -> None:
+        raise AttributeError(f"{self._name} is fixed at construction")
 
 
 class TokenBudgetBatchSampler(Sampler[BatchIndices]):
@@ -100,6 +230,22 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         OversizeError: a sequence longer than ``max_tokens`` with ``oversize="error"``.
     """
 
+    lengths: _Option[npt.NDArray[np.int64]] = _Option()
+    max_tokens: _Option[int] = _Option()
+    mode: _Option[Literal["packed", "padded"]] = _Option()
+    algorithm: _Option[Algorithm] = _Option()
+    shuffle: _Option[bool] = _Option()
+    seed: _Option[int] = _Option()
+    num_replicas: _Option[int] = _Option()
+    rank: _Option[int] = _Option()
+    drop_last: _Option[bool] = _Option()
+    balance: _Option[Balance] = _Option()
+    oversize: _Option[OversizePolicy] = _Option()
+    max_seqs: _Option[int | None] = _Option()
+    pad_to_multiple_of: _Option[int] = _Option()
+    hidden_size: _Option[int | None] = _Option()
+    schedule: _Option[BatchSchedule | None] = _Option()
+
     def __init__(
         self,
         lengths: Sequence[int] | npt.NDArray[np.integer[Any]],
@@ -128,155 +274,104 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 f"lengths has {len(array)} entries but the dataset has {len(dataset)} items; "
                 "lengths must give the token count of every dataset item, in order"
             )
-        self.lengths: npt.NDArray[np.int64] = array
-        self.max_tokens = as_int(max_tokens, "max_tokens", minimum=1)
-        self.mode = as_choice(mode, "mode", ("packed", "padded"))
-        self.algorithm = as_choice(algorithm, "algorithm", ALGORITHMS)
-        self.shuffle = _as_bool(shuffle, "shuffle")
-        self.seed = as_seed(seed)
-        self.drop_last = _as_bool(drop_last, "drop_last")
         if balance is not None:
             as_choice(balance, "balance", ("attention", "tokens", "flops"))
-        self.balance: Balance = balance
-        self.hidden_size = (
-            None if hidden_size is None else as_int(hidden_size, "hidden_size", minimum=1)
-        )
-        self.oversize = as_choice(oversize, "oversize", _OVERSIZE)
-        self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1)
-        self.pad_to_multiple_of = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
-        self.num_replicas, self.rank = replicas_and_rank(num_replicas, rank)
         if schedule is not None and not isinstance(schedule, BatchSchedule):
             raise InvalidTypeError(
                 f"schedule must be a tokenbatch.schedule schedule, got {type(schedule).__name__}"
             )
-        self.schedule = schedule
-        self._epoch_tokens: dict[int, int] = {}
-        self._step_offsets: tuple[int, npt.NDArray[np.int64]] | None = None
-        #: Batches are ``(index, start, length)`` segments rather than indices.
-        self.yields_segments = self.oversize in ("split", "truncate")
-        self.epoch = 0
-        # Runs of the current epoch on other world sizes before a resized resume:
-        # ``(num_replicas, steps run)`` in order (see load_state_dict).
-        self._resized: tuple[tuple[int, int], ...] = ()
-        self._resized_tokens = 0  # real tokens those runs consumed
-        self._planner: tuple[int, Planner] | None = None
-        self._plan: EpochPlan | None = None
-        self._plan_key: tuple[int, tuple[tuple[int, int], ...]] | None = None
-        self._fingerprint: str | None = None
-        self._pending_start = 0  # where the next iterator starts (set by load_state_dict)
+        replicas, position = replicas_and_rank(num_replicas, rank)
+        self._options = _Options(
+            lengths=array,
+            max_tokens=as_int(max_tokens, "max_tokens", minimum=1),
+            mode=cast(Literal["packed", "padded"], as_choice(mode, "mode", ("packed", "padded"))),
+            algorithm=cast(Algorithm, as_choice(algorithm, "algorithm", ALGORITHMS)),
+            shuffle=_as_bool(shuffle, "shuffle"),
+            seed=as_seed(seed),
+            num_replicas=replicas,
+            rank=position,
+            drop_last=_as_bool(drop_last, "drop_last"),
+            balance=balance,
+            oversize=cast(OversizePolicy, as_choice(oversize, "oversize", _OVERSIZE)),
+            max_seqs=None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1),
+            pad_to_multiple_of=as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1),
+            hidden_size=None
+            if hidden_size is None
+            else as_int(hidden_size, "hidden_size", minimum=1),
+            schedule=schedule,
+        )
+        self._cursor = _Cursor()
+        # Caches: the epoch-independent work for one packing, the current plan and its
+        # optimizer steps. Each is keyed by what it is computed from.
+        self._planner_cache: tuple[int, Planner] | None = None
+        self._plan_cache: tuple[tuple[int, _Runs], EpochPlan] | None = None
+        self._offsets_cache: tuple[tuple[int, _Runs], npt.NDArray[np.int64]] | None = None
+        #: Real tokens trained on before an epoch, where no closed form gives them.
+        self._tokens_before_cache: dict[int, int] = {0: 0}
         self._iter_start = 0  # where the current iterator started
-        self._position = 0  # steps of this epoch yielded so far by the current iterator
+        self._position = 0  # step of the epoch the current iterator has reached
         # Build epoch 0 now, so that oversize sequences and impossible distributions raise
         # here, on every rank, rather than inside the training loop.
-        self._epoch_plan(0)
+        self.plan()
+
+    @property
+    def yields_segments(self) -> bool:
+        """Batches are ``(index, start, length)`` segments rather than indices."""
+        return self._options.oversize in ("split", "truncate")
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields (see :meth:`set_epoch`)."""
+        return self._cursor.epoch
 
     # -- planning ---------------------------------------------------------------------
 
-    def _repacks_every_epoch(self) -> bool:
-        return self.mode == "packed" and self.algorithm == "first_fit_shuffled" and self.shuffle
+    def _planner(self, epoch: int) -> Planner:
+        """The planner of the packing ``epoch`` uses (cached: one packing at a time)."""
+        packing_epoch = self._options.packing_epoch(epoch)
+        if self._planner_cache is None or self._planner_cache[0] != packing_epoch:
+            options = self._options
+            self._planner_cache = (packing_epoch, options.planner(options.packing(packing_epoch)))
+        return self._planner_cache[1]
 
-    def _packing(self, epoch: int) -> Packing:
-        if self.mode == "padded":
-            return batch_padded(
-                self.lengths,
-                self.max_tokens,
-                max_seqs=self.max_seqs,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                oversize=self.oversize,  # type: ignore[arg-type]
-            )
-        return pack(
-            self.lengths,
-            self.max_tokens,
-            algorithm=self.algorithm,  # type: ignore[arg-type]
-            max_seqs=self.max_seqs,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            oversize=self.oversize,  # type: ignore[arg-type]
-            seed=mix_seed(self.seed, epoch) if self._repacks_every_epoch() else self.seed,
-        )
-
-    def _epoch_plan(self, epoch: int) -> EpochPlan:
-        resized = self._resized if epoch == self.epoch else ()
-        if self._plan is not None and self._plan_key == (epoch, resized):
-            return self._plan
-        # A schedule of batch sizes would regroup consecutive steps of this plan into
-        # optimizer steps; the plan itself (one bin per rank per step) would not change.
-        packing_epoch = self._packing_epoch(epoch)
-        if resized:
-            plan = self._plan_after_resizes(epoch, resized)
-        else:
-            if self._planner is None or self._planner[0] != packing_epoch:
-                self._planner = (packing_epoch, self._new_planner(packing_epoch))
-            plan = self._planner[1].plan(epoch)
-        self._plan, self._plan_key = plan, (epoch, resized)
-        return plan
-
-    def _plan_after_resizes(self, epoch: int, resized: tuple[tuple[int, int], ...]) -> EpochPlan:
-        """What is left of ``epoch`` after runs of ``(num_replicas, steps)`` on other world
-        sizes, planned for this one: each run's unused bins are dealt again to the next."""
-        packing = self._packing(self._packing_epoch(epoch))
-        plan = self._planner_for(packing, resized[0][0], self.seed).plan(epoch)
-        sizes = [replicas for replicas, _ in resized[1:]] + [self.num_replicas]
-        consumed = 0
-        for run, ((replicas, step), size) in enumerate(zip(resized, sizes, strict=True)):
-            # Each plan is built for its run's number of ranks; only the steps can disagree.
-            if step > plan.n_steps:
-                raise InvalidValueError(
-                    f"state['resized'] does not match the plan of epoch {epoch}: run {run} "
-                    f"has {plan.n_steps} steps on {replicas} ranks, the state says {step}"
-                )
-            consumed += int(_bin_tokens(plan)[plan.steps[:step]].sum())
-            try:
-                seed = mix_seed(self.seed, _RESIZE_STREAM, run)
-                planner = self._planner_for(plan.rest(step), size, seed)
-            except InvalidValueError as error:
-                raise InvalidValueError(
-                    f"epoch {epoch} cannot be finished on {size} ranks after {step} of its "
-                    f"{plan.n_steps} steps ran on {replicas}: {error}"
-                ) from error
-            plan = planner.plan(epoch)
-        self._resized_tokens = consumed
-        return plan
+    def _plan_at(self, cursor: _Cursor) -> EpochPlan:
+        """The plan of ``cursor``'s epoch: the ordinary one, or what is left of it after
+        runs on other world sizes, dealt to this one."""
+        if self._plan_cache is not None and self._plan_cache[0] == cursor.plan_key:
+            return self._plan_cache[1]
+        planner = self._planner(cursor.epoch)
+        if cursor.resized:
+            return planner.plan_after(cursor.epoch, cursor.resized)
+        return planner.plan(cursor.epoch)
 
     def plan(self) -> EpochPlan:
         """The plan of the current epoch (all ranks' batches)."""
-        return self._epoch_plan(self.epoch)
+        plan = self._plan_at(self._cursor)
+        self._plan_cache = (self._cursor.plan_key, plan)
+        return plan
 
     # -- optimizer steps under a batch-size schedule ----------------------------------
 
-    def _tokens_of(self, epoch: int) -> int:
-        """Real tokens all ranks train on in ``epoch`` (cached; plans are deterministic)."""
-        if epoch not in self._epoch_tokens:
-            current = epoch == self.epoch and not self._resized
-            plan = self._epoch_plan(epoch) if current else self._plan_of(epoch)
-            self._epoch_tokens[epoch] = int(_bin_tokens(plan)[plan.steps].sum())
-        return self._epoch_tokens[epoch]
+    def _tokens_before(self, epoch: int) -> int:
+        """Real tokens all ranks trained on in the epochs before ``epoch``.
 
-    def _plan_of(self, epoch: int) -> EpochPlan:
-        """The plan of another epoch, without disturbing the cached current one."""
-        if not self._repacks_every_epoch() and self._planner is not None:
-            return self._planner[1].plan(epoch)
-        return self._new_planner(self._packing_epoch(epoch)).plan(epoch)
-
-    def _packing_epoch(self, epoch: int) -> int:
-        """The epoch whose packing ``epoch`` uses (0 unless every epoch repacks)."""
-        return epoch if self._repacks_every_epoch() else 0
-
-    def _new_planner(self, packing_epoch: int) -> Planner:
-        return self._planner_for(self._packing(packing_epoch), self.num_replicas, self.seed)
-
-    def _planner_for(self, packing: Packing, num_replicas: int, seed: int) -> Planner:
-        """A planner with this sampler's options for ``packing`` on ``num_replicas`` ranks."""
-        return Planner(
-            packing,
-            num_replicas,
-            seed=seed,
-            shuffle=self.shuffle,
-            balance=self.balance,
-            drop_last=self.drop_last,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            split_sequences=self.oversize == "split",
-            hidden_size=self.hidden_size,
-        )
+        Without ``drop_last`` every epoch uses every token the packing placed exactly once,
+        and the oversize policy alone decides those tokens (not the algorithm or its seed):
+        ``epoch x`` the packing's total. With ``drop_last`` an epoch leaves out a few
+        bins; when the packing is the same every epoch so are they. Only a packing redone
+        every epoch with ``drop_last`` leaves out other tokens every epoch: those totals
+        are summed once per epoch, remembered, and saved in :meth:`state_dict`.
+        """
+        options = self._options
+        if not options.drop_last:
+            return epoch * self._planner(self.epoch).packing.total_tokens
+        if not options.repacks_every_epoch:
+            return epoch * self._planner(0).epoch_tokens
+        known = self._tokens_before_cache
+        start = max(e for e in known if e <= epoch)
+        for e in range(start, epoch):
+            known[e + 1] = known[e] + self._planner(e).epoch_tokens
+        return known[epoch]
 
     def step_offsets(self) -> npt.NDArray[np.int64] | None:
         """Optimizer steps of the current epoch under ``schedule`` (``None`` without one).
@@ -286,21 +381,28 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         them, then step the optimizer. Steps follow
         ``schedule.batch_tokens_at(tokens consumed so far)``, counting the real tokens of
         all ranks and of earlier epochs (see :func:`tokenbatch.schedule.group_into_steps`).
-        The same on every rank.
+        The same on every rank; it costs the same at any epoch (the tokens of earlier
+        epochs are not recounted).
         """
-        if self.schedule is None:
+        schedule = self._options.schedule
+        if schedule is None:
             return None
-        if self._step_offsets is None or self._step_offsets[0] != self.epoch:
-            plan = self._epoch_plan(self.epoch)
-            micro_batch_tokens = _bin_tokens(plan)[plan.steps].reshape(-1)
-            consumed = sum(self._tokens_of(epoch) for epoch in range(self.epoch))
-            consumed += self._resized_tokens if self._resized else 0
-            offsets = self.schedule.group_into_steps(
+        key = self._cursor.plan_key
+        if self._offsets_cache is None or self._offsets_cache[0] != key:
+            consumed = self._tokens_before(self.epoch)
+            plan = self.plan()
+            micro_batch_tokens = plan.real_tokens().reshape(-1)
+            if self._cursor.resized:
+                # Earlier runs of this epoch used what this plan does not hold (a resized
+                # resume needs drop_last=False: the epoch holds every placed token).
+                epoch_tokens = self._planner(self.epoch).packing.total_tokens
+                consumed += epoch_tokens - int(micro_batch_tokens.sum())
+            offsets = schedule.group_into_steps(
                 micro_batch_tokens, self.num_replicas, consumed_tokens=consumed
             )
             offsets.flags.writeable = False
-            self._step_offsets = (self.epoch, offsets)
-        return self._step_offsets[1]
+            self._offsets_cache = (key, offsets)
+        return self._offsets_cache[1]
 
     def optimizer_step_ends(self) -> npt.NDArray[np.bool_] | None:
         """``ends[i]`` is true when micro-batch ``i`` of the current epoch (counted from the
@@ -325,7 +427,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     def start_step(self) -> int:
         """Micro-batch of the current epoch the next iteration starts at (0, or the
         position restored by :meth:`load_state_dict`)."""
-        return self._pending_start
+        return self._cursor.start
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose batches the next iteration yields.
@@ -335,26 +437,51 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         keeps it.
         """
         epoch = as_int(epoch, "epoch", minimum=0)
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._resized = ()
-            self._step_offsets = None
-            self._pending_start = self._iter_start = self._position = 0
+        if epoch != self._cursor.epoch:
+            self._cursor = _Cursor(epoch=epoch)
+            self._iter_start = self._position = 0
 
     def __len__(self) -> int:
         """Batches per rank in the current epoch (exact, the same on every rank)."""
-        return self._epoch_plan(self.epoch).n_steps
+        return self.plan().n_steps
 
     def __iter__(self) -> Iterator[BatchIndices]:
         # A generator, so that the bookkeeping happens at the first ``next``: DataLoader
         # calls ``iter`` more than once per epoch and drops the iterators it never reads.
-        plan = self._epoch_plan(self.epoch)
-        start = self._pending_start
-        self._pending_start = 0
+        self._refuse_second_sharding(sys._getframe(1).f_locals.get("self"))
+        plan = self.plan()
+        start = self._cursor.start
+        self._cursor = dataclasses.replace(self._cursor, start=0)
         self._iter_start = self._position = start
         for batch in plan.batches(self.rank, start, segments=self.yields_segments):
             self._position += 1
             yield batch
+
+    def _refuse_second_sharding(self, caller: object) -> None:
+        """Raise when Accelerate's ``BatchSamplerShard`` is what iterates this sampler.
+
+        ``accelerator.prepare(loader)`` (and so every trainer built on Accelerate) wraps a
+        loader's batch sampler in ``BatchSamplerShard``, which keeps every ``P``-th batch on
+        each of ``P`` processes. This sampler already yields only this rank's batches, so
+        the wrapper would silently drop about ``1 - 1/P`` of them. A sampler cannot see who
+        wraps it, but the wrapper is the frame that pulls the first batch; its class is
+        matched by name so that tokenbatch never imports accelerate.
+        """
+        if (
+            type(caller).__name__ == "BatchSamplerShard"
+            and type(caller).__module__.startswith("accelerate")
+            and getattr(caller, "batch_sampler", None) is self
+            and getattr(caller, "num_processes", 1) > 1
+        ):
+            processes = getattr(caller, "num_processes", 1)
+            raise InvalidValueError(
+                f"accelerator.prepare() shards the batches of this TokenBudgetBatchSampler "
+                f"again over {processes} processes, so each rank would keep 1 of every "
+                f"{processes} of its own batches and most of the data would never be seen; "
+                "the sampler is already rank-aware: prepare the loader with "
+                "tokenbatch.integrations.accelerate.prepare_data_loader(accelerator, loader), "
+                "or train with tokenbatch.integrations.transformers.TokenBudgetTrainer"
+            )
 
     def stats(self) -> dict[str, int | float]:
         """Counts and balance of the current epoch's plan.
@@ -366,37 +493,14 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         ``*_imbalance_mean``, ``*_sync_overhead``); see
         :meth:`tokenbatch.distribute.EpochPlan.stats`.
         """
-        return self._epoch_plan(self.epoch).stats()
+        return self.plan().stats()
 
     # -- checkpointing ----------------------------------------------------------------
-
-    def _config(self) -> dict[str, Any]:
-        return {
-            "max_tokens": self.max_tokens,
-            "mode": self.mode,
-            "algorithm": self.algorithm,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "num_replicas": self.num_replicas,
-            "drop_last": self.drop_last,
-            "balance": self.balance,
-            "oversize": self.oversize,
-            "max_seqs": self.max_seqs,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
-            "hidden_size": self.hidden_size,
-            "schedule": None if self.schedule is None else repr(self.schedule),
-        }
 
     def fingerprint(self) -> str:
         """Digest of the lengths and every option that shapes the plan but the number of
         ranks (which a state records, and a resized resume may change)."""
-        if self._fingerprint is None:
-            digest = hashlib.blake2b(digest_size=16)
-            digest.update(self.lengths.astype("<i8", copy=False).tobytes())
-            options = {k: v for k, v in self._config().items() if k != "num_replicas"}
-            digest.update(repr(sorted(options.items())).encode())
-            self._fingerprint = digest.hexdigest()
-        return self._fingerprint
+        return self._options.fingerprint
 
     def state_dict(self, consumed_batches: int | None = None) -> dict[str, Any]:
         """Position in the epoch, to resume exactly with :meth:`load_state_dict`.
@@ -409,9 +513,11 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
 
         The state is the same on every rank (steps are global), so saving rank 0's is
         enough. It holds ``epoch``, ``step`` (batches of the epoch already consumed per
-        rank), the options, a fingerprint of the lengths and options, and ``resized``:
-        the ``[num_replicas, steps]`` runs of this epoch on other world sizes before a
-        resized resume (empty otherwise).
+        rank), the options, a fingerprint of the lengths and options, ``resized``: the
+        ``[num_replicas, steps]`` runs of this epoch on other world sizes before a resized
+        resume (empty otherwise), and ``plan_format``, the version of the planning rules
+        (:data:`tokenbatch.distribute.PLAN_FORMAT`): a state is only restored into plans of
+        the same format. With a schedule it also holds ``tokens_before_epoch``.
         """
         if consumed_batches is None:
             step = self._position
@@ -424,22 +530,28 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                     "sampler has yielded in this iteration"
                 )
             step = self._iter_start + consumed
-        return {
+        state: dict[str, Any] = {
             "format": _STATE_FORMAT,
+            "plan_format": PLAN_FORMAT,
             "epoch": self.epoch,
             "step": step,
             "n_steps": len(self),
-            "n_seqs": len(self.lengths),
+            "n_seqs": len(self._options.lengths),
             "fingerprint": self.fingerprint(),
-            "config": self._config(),
-            "resized": [list(run) for run in self._resized],
+            "config": self._options.config(),
+            "resized": [list(run) for run in self._cursor.resized],
         }
+        if self._options.schedule is not None:
+            state["tokens_before_epoch"] = self._tokens_before(self.epoch)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_resize: bool = False) -> None:
         """Restore a position saved by :meth:`state_dict` (possibly from another rank).
 
         The next iteration starts at the saved step of the saved epoch; call
-        :meth:`set_epoch` with that same epoch (or not at all) before iterating.
+        :meth:`set_epoch` with that same epoch (or not at all) before iterating. The state
+        is checked completely, and its plan built, before anything changes: a refused
+        state leaves the sampler as it was.
 
         Args:
             state: a :meth:`state_dict`.
@@ -453,32 +565,62 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
 
         Raises:
             InvalidValueError: the state comes from other lengths or options (a
-                different dataset, seed...; ``num_replicas`` unless ``allow_resize``), is
-                malformed, or leaves too few sequences for this many ranks.
+                different dataset, seed...; ``num_replicas`` unless ``allow_resize``), was
+                written under another plan format, is malformed, or leaves too few
+                sequences for this many ranks.
         """
+        cursor, tokens_before = self._read_state(state, _as_bool(allow_resize, "allow_resize"))
+        plan = self._plan_at(cursor)
+        if cursor.start > plan.n_steps:
+            raise InvalidValueError(
+                f"state['step']={cursor.start} is beyond the {plan.n_steps} steps of epoch "
+                f"{cursor.epoch}"
+            )
+        self._cursor = cursor
+        self._plan_cache = (cursor.plan_key, plan)
+        self._iter_start = self._position = cursor.start
+        if tokens_before is not None:
+            self._tokens_before_cache[cursor.epoch] = tokens_before
+
+    def _read_state(
+        self, state: Mapping[str, Any], allow_resize: bool
+    ) -> tuple[_Cursor, int | None]:
+        """The cursor a state describes, checked against this sampler, and the tokens
+        consumed before its epoch if it records them."""
         if not isinstance(state, Mapping):
             raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
-        if state.get("format") != _STATE_FORMAT:
+        written = state.get("format")
+        plan_format = _UNVERSIONED_STATES.get(written) if isinstance(written, str) else None
+        if plan_format is None:
+            if written != _STATE_FORMAT:
+                raise InvalidValueError(
+                    f"state is not a TokenBudgetBatchSampler state (format={written!r})"
+                )
+            plan_format = state.get("plan_format")
+        if plan_format != PLAN_FORMAT:
             raise InvalidValueError(
-                f"state is not a TokenBudgetBatchSampler state (format={state.get('format')!r})"
+                f"state was written under plan format {plan_format!r} and this version of "
+                f"tokenbatch plans with format {PLAN_FORMAT}: the batches of an epoch differ "
+                "between formats, so the position cannot be restored. Resume with the "
+                "tokenbatch version that wrote the state, or start the epoch afresh"
             )
-        allow_resize = _as_bool(allow_resize, "allow_resize")
+        options = self._options
         config = state.get("config")
-        saved_replicas = self.num_replicas
+        saved_replicas = options.num_replicas
         if isinstance(config, Mapping):
             saved_replicas = as_int(config.get("num_replicas"), "state num_replicas", minimum=1)
-            if saved_replicas != self.num_replicas and not allow_resize:
+            if saved_replicas != options.num_replicas and not allow_resize:
                 raise InvalidValueError(
                     f"state was saved with num_replicas={saved_replicas}, this sampler has "
-                    f"{self.num_replicas}; pass allow_resize=True to finish the epoch on this "
-                    "world size with the sequences not yet used"
+                    f"{options.num_replicas}; pass allow_resize=True to finish the epoch on "
+                    "this world size with the sequences not yet used"
                 )
-            current = {**self._config(), "num_replicas": saved_replicas}
+            current = {**options.config(), "num_replicas": saved_replicas}
             check_same_config(config, current, "sampler")
-        if state.get("n_seqs") != len(self.lengths):
+        if state.get("n_seqs") != len(options.lengths):
             raise InvalidValueError(
                 f"state was saved for a dataset of {state.get('n_seqs')} sequences, "
-                f"this sampler has {len(self.lengths)}"
+                f"this sampler has {len(options.lengths)}"
             )
         if state.get("fingerprint") != self.fingerprint():
             raise InvalidValueError(
@@ -488,44 +630,33 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         epoch = as_int(state.get("epoch"), "state['epoch']", minimum=0)
         step = as_int(state.get("step"), "state['step']", minimum=0)
         resized = _resize_history(state.get("resized", []))
-        if saved_replicas != self.num_replicas:
-            if self.schedule is not None and self.drop_last:
+        if saved_replicas != options.num_replicas:
+            if options.schedule is not None and options.drop_last:
                 raise InvalidValueError(
                     "a resized resume with a schedule needs drop_last=False (the tokens of "
                     "earlier epochs would depend on the world size)"
                 )
             resized, step = (*resized, (saved_replicas, step)), 0
-        previous = (self.epoch, self._resized)
-        self.epoch, self._resized = epoch, resized
-        try:
-            n_steps = self._epoch_plan(epoch).n_steps
-        except Exception:
-            self.epoch, self._resized = previous
-            raise
-        if step > n_steps:
-            self.epoch, self._resized = previous
-            raise InvalidValueError(
-                f"state['step']={step} is beyond the {n_steps} steps of epoch {epoch}"
-            )
-        self._step_offsets = None
-        self._pending_start = self._iter_start = self._position = step
+        tokens_before = state.get("tokens_before_epoch")
+        if tokens_before is not None:
+            tokens_before = as_int(tokens_before, "state['tokens_before_epoch']", minimum=0)
+        return _Cursor(epoch=epoch, resized=resized, start=step), tokens_before
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Plans and planners are caches of the Rust core: rebuilt, not pickled.
+        state = self.__dict__.copy()
+        state.update(_planner_cache=None, _plan_cache=None, _offsets_cache=None)
+        return state
 
     def __repr__(self) -> str:
         return (
-            f"TokenBudgetBatchSampler(n_seqs={len(self.lengths)}, max_tokens={self.max_tokens}, "
-            f"mode={self.mode!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
-            f"epoch={self.epoch})"
+            f"TokenBudgetBatchSampler(n_seqs={len(self._options.lengths)}, "
+            f"max_tokens={self.max_tokens}, mode={self.mode!r}, "
+            f"num_replicas={self.num_replicas}, rank={self.rank}, epoch={self.epoch})"
         )
 
 
-def _bin_tokens(plan: EpochPlan) -> npt.NDArray[np.int64]:
-    """Real tokens of every bin of ``plan``."""
-    if len(plan.bin_offsets) <= 1:
-        return np.zeros(0, dtype=np.int64)
-    return np.add.reduceat(plan.lengths, plan.bin_offsets[:-1]).astype(np.int64)
-
-
-def _resize_history(value: object) -> tuple[tuple[int, int], ...]:
+def _resize_history(value: object) -> _Runs:
     """``state['resized']`` as ``(num_replicas, steps)`` pairs."""
     if not isinstance(value, Sequence) or isinstance(value, str):
         raise InvalidValueError(f"state['resized'] must be a list of pairs, got {value!r}")

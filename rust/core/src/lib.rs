@@ -5,11 +5,13 @@
 //! panicking, so the binding crate can map every failure to a precise Python exception.
 
 mod buffers;
+pub mod context_parallel;
 pub mod error;
 pub mod gather;
 pub mod memory;
 pub mod packing;
 pub mod parallel;
+pub mod plan;
 pub mod rng;
 pub mod schedule;
 

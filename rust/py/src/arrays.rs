@@ -1,6 +1,8 @@
-//! Borrowing numpy arrays as slices.
+//! Borrowing numpy arrays as slices, and lending Rust arrays to numpy as read-only views.
 
-use numpy::{Element, PyReadonlyArray1};
+use numpy::ndarray::{ArrayView, ArrayView1, Dimension};
+use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+use numpy::{Element, PyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
@@ -17,4 +19,35 @@ pub fn as_slice<'a, T: Element>(array: &'a PyReadonlyArray1<'_, T>) -> PyResult<
     array
         .as_slice()
         .map_err(|_| PyTypeError::new_err("expected a C-contiguous one-dimensional array"))
+}
+
+/// A read-only numpy view of `data`, kept alive by `owner`, without a copy.
+///
+/// # Safety
+/// `data` must be owned by `owner` (directly or through an `Arc`) and must neither move
+/// nor change while `owner` lives: the view reads it in place and holds only `owner`.
+/// Frozen classes whose arrays are never mutated satisfy this.
+pub unsafe fn readonly_view<'py, T: Element, D: Dimension>(
+    owner: &Bound<'py, PyAny>,
+    data: &ArrayView<'_, T, D>,
+) -> Bound<'py, PyArray<T, D>> {
+    // SAFETY: the caller guarantees that `data` lives, unchanged, as long as `owner`,
+    // which becomes the view's base object.
+    let view = unsafe { PyArray::borrow_from_array(data, owner.clone()) };
+    // SAFETY: `view` is a valid array object created just above; clearing a flag is what
+    // numpy's PyArray_CLEARFLAGS does.
+    unsafe { (*view.as_array_ptr()).fields.flags &= !NPY_ARRAY_WRITEABLE };
+    view
+}
+
+/// A read-only 1-D view of `data` owned by `owner` (see [`readonly_view`]).
+///
+/// # Safety
+/// As for [`readonly_view`].
+pub unsafe fn readonly_slice<'py, T: Element>(
+    owner: &Bound<'py, PyAny>,
+    data: &[T],
+) -> Bound<'py, PyArray1<T>> {
+    // SAFETY: forwarded to the caller.
+    unsafe { readonly_view(owner, &ArrayView1::from(data)) }
 }

@@ -18,12 +18,21 @@ pub fn to_py_err(error: Error) -> PyErr {
         Error::Oversize { .. } => "OversizeError",
         Error::Overflow(_) => "TokenBatchOverflowError",
     };
-    tokenbatch_error(class_name, error.to_string())
+    raise(class_name, error.to_string())
 }
 
-/// An instance of `tokenbatch.errors.<class_name>`, or a `RuntimeError` if that module
-/// cannot be imported (the original failure as its cause).
-fn tokenbatch_error(class_name: &str, message: String) -> PyErr {
+/// A `tokenbatch.errors.InvalidTypeError` (the core has no type errors: its inputs are typed).
+pub fn invalid_type(message: impl Into<String>) -> PyErr {
+    raise("InvalidTypeError", message.into())
+}
+
+/// A `tokenbatch.errors.InvalidValueError`.
+pub fn invalid_value(message: impl Into<String>) -> PyErr {
+    to_py_err(Error::invalid(message))
+}
+
+/// An instance of the exception class `class_name` of `tokenbatch.errors`.
+fn raise(class_name: &str, message: String) -> PyErr {
     Python::attach(|py| {
         let raised = py
             .import("tokenbatch.errors")
@@ -52,7 +61,7 @@ pub fn guard<T>(function: &str, body: impl FnOnce() -> PyResult<T>) -> PyResult<
     // Unwind safety: a panicking call leaves nothing behind that a later call reads; the
     // core is pure functions over their arguments, and results are built after it returns.
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
-        Err(tokenbatch_error(
+        Err(raise(
             "InternalError",
             format!(
                 "internal error in tokenbatch._core.{function}: {}; this is a bug in tokenbatch, \

@@ -5,12 +5,15 @@
 //! `tokenbatch` exception, hand the result back to numpy without copying. Each body runs
 //! inside [`error::guard`], so a Rust panic becomes `tokenbatch.InternalError`.
 
+mod args;
 mod arrays;
+mod context_parallel;
 mod error;
 mod gather;
 mod memory;
 mod packing;
 mod parallel;
+mod plan;
 mod schedule;
 
 use pyo3::prelude::*;
@@ -19,10 +22,12 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(error::_panic_for_test, m)?)?;
+    context_parallel::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
+    plan::register(m)?;
     schedule::register(m)?;
     Ok(())
 }

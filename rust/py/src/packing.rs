@@ -1,71 +1,408 @@
-//! Bindings of `tokenbatch_core::packing`.
+//! Bindings of `tokenbatch_core::packing`: `pack`, `batch_padded` and the `Packing` class.
 
-use numpy::{IntoPyArray, PyArray1};
+use std::sync::Arc;
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
-use tokenbatch_core::packing::{self, Length, PackOptions, Packing};
+use pyo3::types::{PyDict, PyTuple};
+use tokenbatch_core::packing::{self, Length, PackOptions, Packing, PolicyCounts};
+use tokenbatch_core::plan::{Bins, PackingKind};
 
-use crate::arrays::{as_slice, IntArray};
+use crate::args;
+use crate::arrays::{as_slice, readonly_slice, IntArray};
 use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
 
-/// The arrays of a packing plus a dict of counts, as `tokenbatch.Packing` expects them.
-type RawPacking<'py> = (
-    Arr<'py>,
-    Arr<'py>,
-    Arr<'py>,
-    Arr<'py>,
-    Arr<'py>,
-    Bound<'py, PyDict>,
-);
+/// A packing in CSR form: bin ``i`` holds segments ``bin_offsets[i]:bin_offsets[i + 1]``.
+///
+/// A segment is a run of tokens of one input sequence: ``indices[j]`` is the sequence,
+/// ``starts[j]`` the token offset inside it (0 unless the sequence was split) and
+/// ``lengths[j]`` the number of tokens. Bins are numbered in the order the algorithm
+/// opened them; inside a bin, segments are listed in input order. All arrays are
+/// read-only int64 numpy views of memory this object owns (no copy is made).
+///
+/// ``bin_tokens[i]`` is bin ``i``'s cost against the budget: its tokens, each segment
+/// rounded up to ``pad_to_multiple_of``; for :func:`batch_padded`, ``count x longest``.
+///
+/// ``len(packing)`` is the number of bins, ``packing[i]`` the sequence indices of bin ``i``
+/// (a read-only view; negative indices count from the end) and iterating yields them bin
+/// by bin. Made by :func:`pack`, :func:`batch_padded` and :meth:`EpochPlan.rest`; it
+/// pickles.
+#[pyclass(module = "tokenbatch._core", name = "Packing", frozen)]
+pub struct PyPacking {
+    pub bins: Arc<Bins>,
+}
+
+impl PyPacking {
+    fn packing(&self) -> &Packing {
+        &self.bins.packing
+    }
+
+    /// Segment range of bin `bin_index` (negative indices count from the end).
+    fn bounds(&self, bin_index: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+        let n_bins = self.packing().n_bins() as i64;
+        let position = args::int(bin_index, "bin index", i64::MIN)?;
+        let resolved = if position < 0 {
+            position + n_bins
+        } else {
+            position
+        };
+        if !(0..n_bins).contains(&resolved) {
+            return Err(PyIndexError::new_err(format!(
+                "bin index {position} out of range for a packing of {n_bins} bins"
+            )));
+        }
+        let offsets = &self.packing().bin_offsets;
+        let bin = resolved as usize;
+        Ok((offsets[bin] as usize, offsets[bin + 1] as usize))
+    }
+
+    /// A read-only view of `data`, which this packing owns.
+    fn view<'py>(slf: &Bound<'py, Self>, data: &[i64]) -> Arr<'py> {
+        // SAFETY: every `data` passed is a slice of the arrays of `slf`'s frozen, immutable
+        // `Bins`, which live as long as `slf`.
+        unsafe { readonly_slice(slf.as_any(), data) }
+    }
+}
+
+#[pymethods]
+impl PyPacking {
+    /// ``n_bins + 1`` offsets into the segment arrays.
+    #[getter]
+    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.bin_offsets", || {
+            Ok(Self::view(slf, &slf.get().packing().bin_offsets))
+        })
+    }
+
+    /// Input sequence of each segment.
+    #[getter]
+    fn indices<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.indices", || {
+            Ok(Self::view(slf, &slf.get().packing().indices))
+        })
+    }
+
+    /// Token offset of each segment inside its sequence.
+    #[getter]
+    fn starts<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.starts", || {
+            Ok(Self::view(slf, &slf.get().packing().starts))
+        })
+    }
+
+    /// Tokens of each segment.
+    #[getter]
+    fn lengths<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.lengths", || {
+            Ok(Self::view(slf, &slf.get().packing().lengths))
+        })
+    }
+
+    /// Budget cost of each bin (padding included).
+    #[getter]
+    fn bin_tokens<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.bin_tokens", || {
+            Ok(Self::view(slf, &slf.get().packing().bin_tokens))
+        })
+    }
+
+    /// The token budget of one bin.
+    #[getter]
+    fn max_tokens(&self) -> PyResult<u64> {
+        guard("Packing.max_tokens", || Ok(self.bins.max_tokens))
+    }
+
+    /// Number of input sequences.
+    #[getter]
+    fn n_seqs(&self) -> PyResult<u64> {
+        guard("Packing.n_seqs", || Ok(self.bins.n_seqs))
+    }
+
+    /// ``"packed"`` (sequences concatenated) or ``"padded"`` (padded to the longest).
+    #[getter]
+    fn kind(&self) -> PyResult<&'static str> {
+        guard("Packing.kind", || Ok(self.bins.kind.name()))
+    }
+
+    /// Number of bins.
+    #[getter]
+    fn n_bins(&self) -> PyResult<usize> {
+        guard("Packing.n_bins", || Ok(self.packing().n_bins()))
+    }
+
+    /// Number of segments (sequences, or pieces of split sequences, that were placed).
+    #[getter]
+    fn n_segments(&self) -> PyResult<usize> {
+        guard("Packing.n_segments", || Ok(self.packing().indices.len()))
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        guard("Packing.__len__", || Ok(self.packing().n_bins()))
+    }
+
+    /// Sequence indices in bin ``bin_index`` (a read-only view, negative indices allowed).
+    fn __getitem__<'py>(
+        slf: &Bound<'py, Self>,
+        bin_index: &Bound<'py, PyAny>,
+    ) -> PyResult<Arr<'py>> {
+        guard("Packing.__getitem__", || {
+            let (lo, hi) = slf.get().bounds(bin_index)?;
+            Ok(Self::view(slf, &slf.get().packing().indices[lo..hi]))
+        })
+    }
+
+    /// The sequence indices of every bin in turn (read-only views).
+    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<PackingBins> {
+        guard("Packing.__iter__", || {
+            Ok({
+                PackingBins {
+                    packing: slf.clone().unbind(),
+                    next: 0,
+                }
+            })
+        })
+    }
+
+    /// ``(indices, starts, lengths)`` of the segments in bin ``bin_index``.
+    fn segments<'py>(
+        slf: &Bound<'py, Self>,
+        bin_index: &Bound<'py, PyAny>,
+    ) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
+        guard("Packing.segments", || {
+            let (lo, hi) = slf.get().bounds(bin_index)?;
+            let packing = slf.get().packing();
+            Ok((
+                Self::view(slf, &packing.indices[lo..hi]),
+                Self::view(slf, &packing.starts[lo..hi]),
+                Self::view(slf, &packing.lengths[lo..hi]),
+            ))
+        })
+    }
+
+    /// Real (non-padding) tokens placed in bins.
+    #[getter]
+    fn total_tokens(&self) -> PyResult<u64> {
+        guard("Packing.total_tokens", || Ok(self.bins.total_tokens()))
+    }
+
+    /// Real tokens / (n_bins x max_tokens); 1.0 for an empty packing.
+    #[getter]
+    fn efficiency(&self) -> PyResult<f64> {
+        guard("Packing.efficiency", || {
+            let n_bins = self.packing().n_bins() as u64;
+            if n_bins == 0 {
+                return Ok(1.0);
+            }
+            Ok(self.bins.total_tokens() as f64 / (n_bins as f64 * self.bins.max_tokens as f64))
+        })
+    }
+
+    /// Fewest bins any packing could use: ceil(total cost / max_tokens), or more when
+    /// ``max_seqs`` forces it.
+    #[getter]
+    fn lower_bound(&self) -> PyResult<u64> {
+        guard("Packing.lower_bound", || Ok(self.bins.lower_bound))
+    }
+
+    /// Summary counts.
+    ///
+    /// ``padding_tokens`` is padding that is actually materialized (rounding segments up
+    /// to ``pad_to_multiple_of``, or padding to the longest for padded batches);
+    /// ``unused_tokens`` is budget left empty in bins (``n_bins x max_tokens`` minus
+    /// costs). ``efficiency`` is ``total_tokens / (n_bins x max_tokens)``.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        guard("Packing.stats", || {
+            let packing = self.packing();
+            let counts = &packing.counts;
+            let total_tokens = i128::from(self.bins.total_tokens());
+            let total_cost: i128 = packing.bin_tokens.iter().map(|&t| i128::from(t)).sum();
+            let budget = packing.n_bins() as i128 * i128::from(self.bins.max_tokens);
+            let stats = PyDict::new(py);
+            stats.set_item("n_seqs", self.bins.n_seqs)?;
+            stats.set_item("n_segments", packing.indices.len())?;
+            stats.set_item("n_bins", packing.n_bins())?;
+            stats.set_item("lower_bound", self.bins.lower_bound)?;
+            stats.set_item("max_tokens", self.bins.max_tokens)?;
+            stats.set_item("input_tokens", counts.input_tokens)?;
+            stats.set_item("total_tokens", total_tokens)?;
+            stats.set_item("padding_tokens", total_cost - total_tokens)?;
+            stats.set_item("unused_tokens", budget - total_cost)?;
+            stats.set_item("efficiency", self.efficiency()?)?;
+            stats.set_item("dropped_seqs", counts.dropped_seqs)?;
+            stats.set_item("dropped_tokens", counts.dropped_tokens)?;
+            stats.set_item("truncated_seqs", counts.truncated_seqs)?;
+            stats.set_item("truncated_tokens", counts.truncated_tokens)?;
+            stats.set_item("split_seqs", counts.split_seqs)?;
+            stats.set_item("split_pieces", counts.split_pieces)?;
+            Ok(stats)
+        })
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        guard("Packing.__repr__", || {
+            Ok(format!(
+                "Packing(kind='{}', n_seqs={}, n_bins={}, max_tokens={}, efficiency={:.4})",
+                self.bins.kind.name(),
+                self.bins.n_seqs,
+                self.packing().n_bins(),
+                self.bins.max_tokens,
+                self.efficiency()?
+            ))
+        })
+    }
+
+    /// Pickling: the arrays and counts, rebuilt (and checked) by ``_from_parts``.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        guard("Packing.__reduce__", || {
+            let py = slf.py();
+            let this = slf.get();
+            let c = &this.packing().counts;
+            let counts = [
+                c.input_tokens,
+                c.dropped_seqs,
+                c.dropped_tokens,
+                c.truncated_seqs,
+                c.truncated_tokens,
+                c.split_seqs,
+                c.split_pieces,
+            ];
+            let parts = (
+                Self::bin_offsets(slf)?,
+                Self::indices(slf)?,
+                Self::starts(slf)?,
+                Self::lengths(slf)?,
+                Self::bin_tokens(slf)?,
+                counts,
+                this.bins.max_tokens,
+                this.bins.n_seqs,
+                this.bins.kind.name(),
+                this.bins.lower_bound,
+            );
+            let rebuild = py.get_type::<Self>().getattr("_from_parts")?;
+            Ok((rebuild, parts.into_pyobject(py)?))
+        })
+    }
+
+    /// Rebuild a pickled packing (private).
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn _from_parts(
+        bin_offsets: PyReadonlyArray1<'_, i64>,
+        indices: PyReadonlyArray1<'_, i64>,
+        starts: PyReadonlyArray1<'_, i64>,
+        lengths: PyReadonlyArray1<'_, i64>,
+        bin_tokens: PyReadonlyArray1<'_, i64>,
+        counts: [u64; 7],
+        max_tokens: u64,
+        n_seqs: u64,
+        kind: &str,
+        lower_bound: u64,
+    ) -> PyResult<Self> {
+        guard("Packing._from_parts", || {
+            let [input_tokens, dropped_seqs, dropped_tokens, truncated_seqs, truncated_tokens, split_seqs, split_pieces] =
+                counts;
+            let bin_tokens = as_slice(&bin_tokens)?.to_vec();
+            let bins = Bins {
+                packing: Packing {
+                    bin_offsets: as_slice(&bin_offsets)?.to_vec(),
+                    indices: as_slice(&indices)?.to_vec(),
+                    starts: as_slice(&starts)?.to_vec(),
+                    lengths: as_slice(&lengths)?.to_vec(),
+                    segment_cost: bin_tokens.iter().map(|&t| t.max(0) as u64).sum(),
+                    bin_tokens,
+                    counts: PolicyCounts {
+                        input_tokens,
+                        dropped_seqs,
+                        dropped_tokens,
+                        truncated_seqs,
+                        truncated_tokens,
+                        split_seqs,
+                        split_pieces,
+                    },
+                },
+                max_tokens,
+                n_seqs,
+                kind: kind.parse().into_py_result()?,
+                lower_bound,
+            };
+            bins.validate().into_py_result()?;
+            Ok(Self {
+                bins: Arc::new(bins),
+            })
+        })
+    }
+}
+
+/// Iterator over the bins of a packing: the sequence indices of each, as read-only views.
+#[pyclass(module = "tokenbatch._core", name = "PackingBins")]
+pub struct PackingBins {
+    packing: Py<PyPacking>,
+    next: usize,
+}
+
+#[pymethods]
+impl PackingBins {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRef<'_, Self>> {
+        guard("PackingBins.__iter__", || Ok(slf))
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Arr<'py>>> {
+        guard("PackingBins.__next__", || {
+            let packing = self.packing.bind(py);
+            let offsets = &packing.get().packing().bin_offsets;
+            if self.next + 1 >= offsets.len() {
+                return Ok(None);
+            }
+            let (lo, hi) = (offsets[self.next] as usize, offsets[self.next + 1] as usize);
+            self.next += 1;
+            Ok(Some(PyPacking::view(
+                packing,
+                &packing.get().packing().indices[lo..hi],
+            )))
+        })
+    }
+}
 
 fn run<'py>(
     py: Python<'py>,
     lengths: IntArray<'py>,
     options: PackOptions,
-    padded: bool,
-) -> PyResult<RawPacking<'py>> {
+    kind: PackingKind,
+) -> PyResult<Bound<'py, PyPacking>> {
     fn call<L: Length>(
         lengths: &[L],
         options: &PackOptions,
-        padded: bool,
-    ) -> tokenbatch_core::Result<Packing> {
-        if padded {
-            packing::batch_padded(lengths, options)
-        } else {
-            packing::pack(lengths, options)
-        }
+        kind: PackingKind,
+    ) -> tokenbatch_core::Result<Bins> {
+        let packing = match kind {
+            PackingKind::Padded => packing::batch_padded(lengths, options),
+            PackingKind::Packed => packing::pack(lengths, options),
+        }?;
+        Ok(Bins::new(packing, options, lengths.len(), kind))
     }
-    let result = match &lengths {
+    let bins = match &lengths {
         IntArray::I64(array) => {
             let slice = as_slice(array)?;
-            detach_parallel(py, || call(slice, &options, padded))
+            detach_parallel(py, || call(slice, &options, kind))
         }
         IntArray::I32(array) => {
             let slice = as_slice(array)?;
-            detach_parallel(py, || call(slice, &options, padded))
+            detach_parallel(py, || call(slice, &options, kind))
         }
     }
     .into_py_result()?;
-    let counts = PyDict::new(py);
-    counts.set_item("lower_bound", result.lower_bound(&options))?;
-    counts.set_item("input_tokens", result.counts.input_tokens)?;
-    counts.set_item("dropped_seqs", result.counts.dropped_seqs)?;
-    counts.set_item("dropped_tokens", result.counts.dropped_tokens)?;
-    counts.set_item("truncated_seqs", result.counts.truncated_seqs)?;
-    counts.set_item("truncated_tokens", result.counts.truncated_tokens)?;
-    counts.set_item("split_seqs", result.counts.split_seqs)?;
-    counts.set_item("split_pieces", result.counts.split_pieces)?;
-    Ok((
-        result.bin_offsets.into_pyarray(py),
-        result.indices.into_pyarray(py),
-        result.starts.into_pyarray(py),
-        result.lengths.into_pyarray(py),
-        result.bin_tokens.into_pyarray(py),
-        counts,
-    ))
+    Bound::new(
+        py,
+        PyPacking {
+            bins: Arc::new(bins),
+        },
+    )
 }
 
 /// Pack lengths into token budgets (see `tokenbatch.pack`).
@@ -81,7 +418,7 @@ fn pack<'py>(
     pad_to_multiple_of: i64,
     oversize: &str,
     seed: u64,
-) -> PyResult<RawPacking<'py>> {
+) -> PyResult<Bound<'py, PyPacking>> {
     guard("pack", || {
         let options = PackOptions::new(
             max_tokens,
@@ -92,7 +429,7 @@ fn pack<'py>(
             seed,
         )
         .into_py_result()?;
-        run(py, lengths, options, false)
+        run(py, lengths, options, PackingKind::Packed)
     })
 }
 
@@ -106,16 +443,18 @@ fn batch_padded<'py>(
     max_seqs: Option<i64>,
     pad_to_multiple_of: i64,
     oversize: &str,
-) -> PyResult<RawPacking<'py>> {
+) -> PyResult<Bound<'py, PyPacking>> {
     guard("batch_padded", || {
         let options =
             PackOptions::new(max_tokens, max_seqs, pad_to_multiple_of, oversize, "bfd", 0)
                 .into_py_result()?;
-        run(py, lengths, options, true)
+        run(py, lengths, options, PackingKind::Padded)
     })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPacking>()?;
+    m.add_class::<PackingBins>()?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
     m.add_function(wrap_pyfunction!(batch_padded, m)?)?;
     Ok(())

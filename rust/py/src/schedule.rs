@@ -82,6 +82,25 @@ impl PySchedule {
         })
     }
 
+    /// Megatron-LM's `--step-batch-size-schedule`, thresholds in consumed samples.
+    #[staticmethod]
+    #[pyo3(signature = (from_samples, batches, seq_len))]
+    fn megatron_steps(
+        from_samples: PyReadonlyArray1<'_, i64>,
+        batches: PyReadonlyArray1<'_, i64>,
+        seq_len: Option<i64>,
+    ) -> PyResult<Self> {
+        guard("Schedule.megatron_steps", || {
+            let inner = schedule::Schedule::megatron_steps(
+                as_slice(&from_samples)?,
+                as_slice(&batches)?,
+                seq_len,
+            )
+            .into_py_result()?;
+            Ok(Self { inner })
+        })
+    }
+
     /// Batch (in the schedule's unit) at each consumed amount.
     fn batch_at<'py>(
         &self,

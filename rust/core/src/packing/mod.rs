@@ -16,7 +16,7 @@ mod order;
 mod segments;
 
 pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
-pub use segments::{Length, PolicyCounts};
+pub use segments::{pieces, Length, PolicyCounts};
 
 use crate::error::Result;
 use assign::Assignment;

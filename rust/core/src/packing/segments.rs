@@ -79,6 +79,19 @@ impl Segments {
     }
 }
 
+/// The pieces `(start, length)` that a run of `length` tokens is cut into so that none is
+/// longer than `capacity` (> 0): full pieces from the front, the remainder last.
+///
+/// The one splitter of tokenbatch: the oversize policy cuts sequences with it, and so does
+/// the planner when it must cut sequences to give every rank the same number of batches.
+pub fn pieces(length: u64, capacity: u64) -> impl Iterator<Item = (u64, u64)> {
+    let capacity = capacity.max(1);
+    (0..length.div_ceil(capacity)).map(move |piece| {
+        let start = piece * capacity;
+        (start, (length - start).min(capacity))
+    })
+}
+
 /// Lengths validated per parallel task.
 const SCAN_CHUNK: usize = 1 << 16;
 
@@ -252,14 +265,11 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
             counts.dropped_tokens += length;
         } else {
             counts.split_seqs += 1;
-            let mut start = 0;
-            while start < length {
-                let piece = (length - start).min(capacity);
+            for (start, piece) in pieces(length, capacity) {
                 seg_lengths.push(piece as u32);
                 seg_sequence.push(index as u32);
                 seg_starts.push(start);
                 counts.split_pieces += 1;
-                start += piece;
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The curves: batch size (in the schedule's unit) as a function of one key value.
 
-use super::{nearest_on_grid, non_negative, positive, RampBy, MAX_TABLE_STEPS};
+use super::{nearest_on_grid, non_negative, positive, Key, RampBy, MAX_TABLE_STEPS};
 use crate::error::{Error, Result};
 
 /// One of the supported schedule shapes.
@@ -10,12 +10,12 @@ pub enum Curve {
     Megatron(MegatronRampup),
     /// A linear ramp keyed by consumed tokens.
     Linear(LinearRamp),
-    /// Constant pieces keyed by consumed tokens.
+    /// Constant pieces, keyed by consumed tokens or (Megatron-LM's step schedule) samples.
     Piecewise(Piecewise),
 }
 
 impl Curve {
-    /// The batch at key value `at` (samples for Megatron, tokens otherwise).
+    /// The batch at key value `at` (in the unit of the schedule's [`Key`]).
     pub fn batch_at(&self, at: u64) -> u64 {
         match self {
             Curve::Megatron(ramp) => ramp.batch_at(at),
@@ -225,43 +225,46 @@ impl LinearRamp {
     }
 }
 
-/// Constant batches switching at token boundaries.
+/// Constant batches switching at boundaries of the schedule's key (consumed tokens, or
+/// consumed samples for Megatron-LM's step schedule).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piecewise {
-    pub from_tokens: Vec<u64>,
+    /// Where each piece starts, in the key's unit.
+    pub from: Vec<u64>,
     pub batches: Vec<u64>,
 }
 
 impl Piecewise {
-    /// Validate: starts at 0 tokens, boundaries strictly increase, batches are positive
-    /// and (unless `allow_decrease`) never decrease.
-    pub fn new(from_tokens: &[i64], batches: &[i64], allow_decrease: bool) -> Result<Self> {
-        if from_tokens.is_empty() {
-            return Err(Error::invalid(
-                "a piecewise schedule needs at least one (from_tokens, batch) piece".to_string(),
-            ));
+    /// Validate: starts at 0, boundaries strictly increase, batches are positive and
+    /// (unless `allow_decrease`) never decrease. `key` names the boundaries' unit in errors.
+    pub fn new(from: &[i64], batches: &[i64], allow_decrease: bool, key: Key) -> Result<Self> {
+        let unit = key.name();
+        if from.is_empty() {
+            return Err(Error::invalid(format!(
+                "a piecewise schedule needs at least one (from_{unit}, batch) piece"
+            )));
         }
-        if from_tokens.len() != batches.len() {
+        if from.len() != batches.len() {
             return Err(Error::invalid(format!(
                 "{} boundaries for {} batches",
-                from_tokens.len(),
+                from.len(),
                 batches.len()
             )));
         }
-        let mut starts = Vec::with_capacity(from_tokens.len());
+        let mut starts = Vec::with_capacity(from.len());
         let mut sizes = Vec::with_capacity(batches.len());
-        for (i, (&from, &batch)) in from_tokens.iter().zip(batches).enumerate() {
-            let from = non_negative(from, &format!("from_tokens of piece {i}"))?;
+        for (i, (&start, &batch)) in from.iter().zip(batches).enumerate() {
+            let start = non_negative(start, &format!("from_{unit} of piece {i}"))?;
             let batch = positive(batch, &format!("batch of piece {i}"))?;
-            if i == 0 && from != 0 {
+            if i == 0 && start != 0 {
                 return Err(Error::invalid(format!(
-                    "the first piece must start at 0 tokens, got {from}"
+                    "the first piece must start at 0 {unit}, got {start}"
                 )));
             }
             if let (Some(&previous_from), Some(&previous_batch)) = (starts.last(), sizes.last()) {
-                if from <= previous_from {
+                if start <= previous_from {
                     return Err(Error::invalid(format!(
-                        "from_tokens must increase: piece {i} starts at {from}, piece {} at \
+                        "from_{unit} must increase: piece {i} starts at {start}, piece {} at \
                          {previous_from}",
                         i - 1
                     )));
@@ -273,20 +276,20 @@ impl Piecewise {
                     )));
                 }
             }
-            starts.push(from);
+            starts.push(start);
             sizes.push(batch);
         }
         Ok(Self {
-            from_tokens: starts,
+            from: starts,
             batches: sizes,
         })
     }
 
-    /// The batch of the last piece starting at or before `tokens`.
-    pub fn batch_at(&self, tokens: u64) -> u64 {
+    /// The batch of the last piece starting at or before `at`.
+    pub fn batch_at(&self, at: u64) -> u64 {
         let piece = self
-            .from_tokens
-            .partition_point(|&from| from <= tokens)
+            .from
+            .partition_point(|&from| from <= at)
             .saturating_sub(1);
         self.batches.get(piece).copied().unwrap_or(1)
     }

@@ -10,7 +10,9 @@
 //!   GPT-3), either linear in consumed tokens or linear in optimizer steps, rounded down
 //!   to a multiple;
 //! * [`Schedule::piecewise`]: constant batch sizes switching at token boundaries
-//!   (Llama 3 405B).
+//!   (Llama 3 405B);
+//! * [`Schedule::megatron_steps`]: Megatron-LM's `--step-batch-size-schedule`, constant
+//!   batch sizes (in samples) switching at consumed-sample thresholds.
 //!
 //! [`Schedule::table`] tabulates a schedule per optimizer step, and
 //! [`group_into_steps`] groups measured micro-batches into optimizer steps that follow it.
@@ -80,12 +82,33 @@ impl FromStr for RampBy {
     }
 }
 
+/// What a schedule reads to give the batch: consumed tokens, or consumed samples
+/// (sequences), as Megatron-LM's schedules do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// The batch is a function of consumed tokens.
+    Tokens,
+    /// The batch is a function of consumed samples (Megatron-LM).
+    Samples,
+}
+
+impl Key {
+    /// The unit's name in messages and argument names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Key::Tokens => "tokens",
+            Key::Samples => "samples",
+        }
+    }
+}
+
 /// A validated batch-size schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
     curve: Curve,
     unit: BatchUnit,
     seq_len: Option<u64>,
+    key: Key,
 }
 
 /// `value` as a `u64`, refusing negatives with a message naming the parameter.
@@ -124,6 +147,7 @@ impl Schedule {
             )?),
             unit: BatchUnit::Sequences,
             seq_len: optional_seq_len(seq_len)?,
+            key: Key::Samples,
         })
     }
 
@@ -142,6 +166,7 @@ impl Schedule {
             curve: Curve::Linear(LinearRamp::new(start, end, ramp_tokens, by, multiple_of)?),
             unit,
             seq_len: optional_seq_len(seq_len)?,
+            key: Key::Tokens,
         })
     }
 
@@ -154,9 +179,31 @@ impl Schedule {
         allow_decrease: bool,
     ) -> Result<Self> {
         Ok(Self {
-            curve: Curve::Piecewise(Piecewise::new(from_tokens, batches, allow_decrease)?),
+            curve: Curve::Piecewise(Piecewise::new(
+                from_tokens,
+                batches,
+                allow_decrease,
+                Key::Tokens,
+            )?),
             unit,
             seq_len: optional_seq_len(seq_len)?,
+            key: Key::Tokens,
+        })
+    }
+
+    /// Megatron-LM's `--step-batch-size-schedule`: `batches[i]` sequences per step from
+    /// `from_samples[i]` consumed samples on (thresholds already converted to samples, as
+    /// Megatron does with `--seq-length`). Batches may decrease, as Megatron allows.
+    pub fn megatron_steps(
+        from_samples: &[i64],
+        batches: &[i64],
+        seq_len: Option<i64>,
+    ) -> Result<Self> {
+        Ok(Self {
+            curve: Curve::Piecewise(Piecewise::new(from_samples, batches, true, Key::Samples)?),
+            unit: BatchUnit::Sequences,
+            seq_len: optional_seq_len(seq_len)?,
+            key: Key::Samples,
         })
     }
 
@@ -175,13 +222,18 @@ impl Schedule {
         self.seq_len
     }
 
-    /// The batch (in the schedule's unit) at each consumed amount, which is in samples for
-    /// Megatron-LM's ramp and in tokens otherwise.
+    /// What [`Schedule::batch_at`] reads: consumed tokens or consumed samples.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// The batch (in the schedule's unit) at each consumed amount, in the unit of the
+    /// schedule's [`Key`] (samples for Megatron-LM's schedules, tokens otherwise).
     pub fn batch_at(&self, consumed: &[i64]) -> Result<Vec<i64>> {
         if let Some(position) = consumed.iter().position(|&value| value < 0) {
-            let name = match self.curve {
-                Curve::Megatron(_) => "consumed_samples",
-                _ => "tokens",
+            let name = match self.key {
+                Key::Samples => "consumed_samples",
+                Key::Tokens => "tokens",
             };
             return Err(Error::invalid(format!(
                 "{name}[{position}] = {} is negative",
@@ -200,7 +252,7 @@ impl Schedule {
         }
     }
 
-    /// Tokens per sequence, required when batches or the Megatron key count sequences.
+    /// Tokens per sequence, required when batches or the key count sequences.
     fn required_seq_len(&self) -> Result<u64> {
         self.seq_len.ok_or_else(|| {
             Error::invalid(
@@ -220,11 +272,11 @@ impl Schedule {
     /// The global batch in tokens for the step that starts after `consumed_tokens` tokens.
     pub fn batch_tokens_at(&self, consumed_tokens: u64) -> Result<u64> {
         let unit_tokens = self.unit_tokens()?;
-        let key = match self.curve {
-            Curve::Megatron(_) => consumed_tokens / unit_tokens,
-            _ => consumed_tokens,
+        let at = match self.key {
+            Key::Samples => consumed_tokens / self.required_seq_len()?,
+            Key::Tokens => consumed_tokens,
         };
-        let batch = self.curve.batch_at(key);
+        let batch = self.curve.batch_at(at);
         batch.checked_mul(unit_tokens).ok_or_else(|| {
             Error::overflow(format!(
                 "a batch of {batch} sequences of {unit_tokens} tokens overflows 64 bits"

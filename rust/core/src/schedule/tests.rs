@@ -199,6 +199,53 @@ fn piecewise_refusals() {
 }
 
 #[test]
+fn megatron_steps_keys_by_samples_and_may_decrease() {
+    // "0:768 250B:1536 500B:512" with --seq-length 4096: thresholds in samples.
+    let schedule =
+        Schedule::megatron_steps(&[0, 61_035_156, 122_070_312], &[768, 1536, 512], Some(4096))
+            .unwrap();
+    assert_eq!(schedule.key(), Key::Samples);
+    assert_eq!(
+        schedule
+            .batch_at(&[0, 61_035_155, 61_035_156, 122_070_312, i64::MAX])
+            .unwrap(),
+        vec![768, 768, 1536, 512, 512]
+    );
+    // In tokens, the batch switches at whole samples: after 61,035,156 x 4096 tokens.
+    assert_eq!(
+        schedule.batch_tokens_at(61_035_156 * 4096 - 1).unwrap(),
+        768 * 4096
+    );
+    assert_eq!(
+        schedule.batch_tokens_at(61_035_156 * 4096).unwrap(),
+        1536 * 4096
+    );
+    let error = schedule.batch_at(&[-1]).unwrap_err();
+    assert_eq!(
+        error,
+        Error::invalid("consumed_samples[0] = -1 is negative")
+    );
+}
+
+#[test]
+fn megatron_steps_refusals_name_samples() {
+    let err = |from: &[i64], b: &[i64]| {
+        Schedule::megatron_steps(from, b, None)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(&[5], &[1]).contains("start at 0 samples"));
+    assert!(err(&[0, 0], &[1, 2]).contains("from_samples must increase"));
+    assert!(err(&[0, 5], &[1, 0]).contains("batch of piece 1 must be > 0"));
+    let unknown = Schedule::megatron_steps(&[0], &[8], None).unwrap();
+    assert!(unknown
+        .table(1 << 20, 4096, 1)
+        .unwrap_err()
+        .to_string()
+        .contains("seq_len"));
+}
+
+#[test]
 fn negative_consumed_is_refused() {
     let schedule = linear(1, 10, 10, RampBy::Tokens, 1);
     let error = schedule.batch_at(&[0, -3]).unwrap_err();

@@ -1,0 +1,432 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::packing::{batch_padded, pack};
+
+fn bins_of(
+    lengths: &[i64],
+    max_tokens: i64,
+    oversize: &str,
+    algorithm: &str,
+    multiple: i64,
+    padded: bool,
+) -> Arc<Bins> {
+    let options = PackOptions::new(max_tokens, None, multiple, oversize, algorithm, 11).unwrap();
+    let (packing, kind) = if padded {
+        (
+            batch_padded(lengths, &options).unwrap(),
+            PackingKind::Padded,
+        )
+    } else {
+        (pack(lengths, &options).unwrap(), PackingKind::Packed)
+    };
+    Arc::new(Bins::new(packing, &options, lengths.len(), kind))
+}
+
+fn options(num_replicas: usize) -> PlanOptions {
+    PlanOptions {
+        num_replicas,
+        ..PlanOptions::default()
+    }
+}
+
+/// Token ranges `(start, end)` of every sequence, as the segments of `bins` cover them.
+fn coverage(
+    indices: &[i64],
+    starts: &[i64],
+    lengths: &[i64],
+    segments: impl IntoIterator<Item = usize>,
+) -> BTreeMap<i64, Vec<(i64, i64)>> {
+    let mut covered: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for j in segments {
+        covered
+            .entry(indices[j])
+            .or_default()
+            .push((starts[j], starts[j] + lengths[j]));
+    }
+    for ranges in covered.values_mut() {
+        ranges.sort_unstable();
+    }
+    covered
+}
+
+/// Merge touching ranges, refusing overlaps (a token used twice).
+fn merged(ranges: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let mut out: Vec<(i64, i64)> = Vec::new();
+    for &(lo, hi) in ranges {
+        match out.last_mut() {
+            Some(last) if lo < last.1 => panic!("tokens {lo}..{} used twice", last.1.min(hi)),
+            Some(last) if lo == last.1 && hi > lo => last.1 = hi,
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+fn merged_coverage(covered: &BTreeMap<i64, Vec<(i64, i64)>>) -> BTreeMap<i64, Vec<(i64, i64)>> {
+    covered.iter().map(|(&i, r)| (i, merged(r))).collect()
+}
+
+/// Segments of the bins `bins` of a plan's layout.
+fn segments_of(layout: &Layout, bins: &[i64]) -> Vec<usize> {
+    bins.iter()
+        .flat_map(|&b| layout.segment_range(b as usize))
+        .collect()
+}
+
+/// Every invariant of one plan: equal steps, each bin once, no bin empty or over budget,
+/// and (unless `drop_last`) every token of the packing exactly once.
+fn check_plan(bins: &Bins, plan: &EpochPlan, multiple: u64) {
+    let layout = plan.layout();
+    let ranks = plan.num_replicas();
+    assert_eq!(plan.steps().len(), plan.n_steps() * ranks, "ragged table");
+    let mut seen = vec![false; layout.bin_offsets().len() - 1];
+    for &bin in plan.steps() {
+        assert!(
+            !std::mem::replace(&mut seen[bin as usize], true),
+            "bin {bin} dealt twice"
+        );
+        let range = layout.segment_range(bin as usize);
+        assert!(!range.is_empty(), "bin {bin} is empty");
+        let lengths = &layout.lengths()[range];
+        let padded = |l: i64| (l as u64).div_ceil(multiple) * multiple;
+        let cost = match bins.kind {
+            PackingKind::Packed => lengths.iter().map(|&l| padded(l)).sum::<u64>(),
+            PackingKind::Padded => {
+                lengths.iter().map(|&l| padded(l)).max().unwrap_or(0) * lengths.len() as u64
+            }
+        };
+        assert!(
+            cost <= bins.max_tokens,
+            "bin {bin} costs {cost} > {}",
+            bins.max_tokens
+        );
+    }
+    let p = &bins.packing;
+    let expected = merged_coverage(&coverage(
+        &p.indices,
+        &p.starts,
+        &p.lengths,
+        0..p.indices.len(),
+    ));
+    let used = segments_of(layout, plan.steps());
+    let got = merged_coverage(&coverage(
+        layout.indices(),
+        layout.starts(),
+        layout.lengths(),
+        used,
+    ));
+    let report = layout.report();
+    if report.dropped_bins == 0 {
+        assert_eq!(
+            got, expected,
+            "the plan does not cover the packing's tokens exactly once"
+        );
+        assert_eq!(plan.total_real_tokens(), bins.total_tokens());
+    } else {
+        assert!(report.dropped_bins < ranks as u64);
+        assert_eq!(
+            plan.total_real_tokens() + report.dropped_tokens,
+            bins.total_tokens()
+        );
+        for (index, ranges) in &got {
+            for range in ranges {
+                let whole = &expected[index];
+                assert!(whole.iter().any(|w| w.0 <= range.0 && range.1 <= w.1));
+            }
+        }
+    }
+}
+
+/// The most bins any cutting could make: a segment of `L` tokens gives at most `L` pieces.
+fn most_bins(bins: &Bins, split: bool) -> u64 {
+    let lengths = &bins.packing.lengths;
+    if split {
+        lengths.iter().map(|&l| (l as u64).max(1)).sum()
+    } else {
+        lengths.len() as u64
+    }
+}
+
+fn arbitrary_options() -> impl Strategy<Value = PlanOptions> {
+    (
+        1usize..10,
+        any::<u64>(),
+        any::<bool>(),
+        prop_oneof![
+            Just(None),
+            Just(Some(CostKind::Attention)),
+            Just(Some(CostKind::Tokens)),
+            Just(Some(CostKind::Flops))
+        ],
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(num_replicas, seed, shuffle, balance, drop_last, split_sequences)| PlanOptions {
+                num_replicas,
+                seed,
+                shuffle,
+                balance,
+                drop_last,
+                pad_to_multiple_of: 1,
+                split_sequences,
+                hidden_size: Some(64),
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn every_token_once_equal_steps_within_budget(
+        lengths in prop::collection::vec(prop_oneof![0i64..40, 0i64..300], 0..120),
+        max_tokens in 64i64..400,
+        multiple in prop_oneof![Just(1i64), Just(2), Just(8)],
+        padded in any::<bool>(),
+        split in any::<bool>(),
+        mut options in arbitrary_options(),
+        epoch in 0u64..4,
+    ) {
+        let oversize = if split { "split" } else { "truncate" };
+        let bins = bins_of(&lengths, max_tokens, oversize, "bfd", multiple, padded);
+        options.pad_to_multiple_of = multiple as u64;
+        let ranks = options.num_replicas as u64;
+        let needed = (bins.n_bins() as u64).div_ceil(ranks) * ranks;
+        match Planner::new(Arc::clone(&bins), options.clone()) {
+            Ok(planner) => {
+                let plan = planner.plan(epoch);
+                check_plan(&bins, &plan, multiple as u64);
+                if !options.drop_last {
+                    prop_assert_eq!(plan.n_steps() as u64 * ranks, needed);
+                }
+            }
+            Err(error) => {
+                prop_assert!(!options.drop_last, "drop_last never fails: {}", error);
+                prop_assert!(error.to_string().contains("drop_last=True"));
+                prop_assert!(most_bins(&bins, options.split_sequences) < needed);
+            }
+        }
+    }
+
+    #[test]
+    fn resize_chains_use_every_token_once(
+        lengths in prop::collection::vec(1i64..300, 1..150),
+        first in 1usize..8,
+        chain in prop::collection::vec((1usize..8, 0.0f64..1.0), 0..4),
+        split in any::<bool>(),
+        seed in any::<u64>(),
+        epoch in 0u64..3,
+    ) {
+        let bins = bins_of(&lengths, 256, "split", "bfd", 1, false);
+        let base = PlanOptions { seed, split_sequences: split, ..options(first) };
+        let Ok(mut planner) = Planner::new(Arc::clone(&bins), base.clone()) else {
+            return Ok(());
+        };
+        let mut plan = planner.plan(epoch);
+        let mut runs: Vec<Run> = Vec::new();
+        let mut used: Vec<(i64, i64, i64)> = Vec::new();
+        for &(size, fraction) in &chain {
+            let steps = (fraction * plan.n_steps() as f64) as usize;
+            let layout = Arc::clone(plan.layout());
+            let ran = &plan.steps()[..steps * plan.num_replicas()];
+            used.extend(segments_of(&layout, ran).into_iter().map(|j| (layout.indices()[j], layout.starts()[j], layout.lengths()[j])));
+            runs.push(Run { num_replicas: plan.num_replicas(), steps });
+            planner = Planner::new(Arc::clone(&bins), PlanOptions { num_replicas: size, ..base.clone() }).unwrap_or(planner);
+            match planner.plan_after(epoch, &runs) {
+                Ok(next) => plan = next,
+                Err(error) => {
+                    prop_assert!(error.to_string().contains("cannot be finished on"), "{}", error);
+                    return Ok(());
+                }
+            }
+            prop_assert_eq!(plan.num_replicas(), planner.layout().options().num_replicas);
+        }
+        let layout = Arc::clone(plan.layout());
+        used.extend(segments_of(&layout, plan.steps()).into_iter().map(|j| (layout.indices()[j], layout.starts()[j], layout.lengths()[j])));
+        let (i, s, l): (Vec<i64>, Vec<i64>, Vec<i64>) = used.iter().fold((vec![], vec![], vec![]), |mut acc, &(i, s, l)| {
+            acc.0.push(i); acc.1.push(s); acc.2.push(l); acc
+        });
+        let got = merged_coverage(&coverage(&i, &s, &l, 0..i.len()));
+        let p = &bins.packing;
+        let expected = merged_coverage(&coverage(&p.indices, &p.starts, &p.lengths, 0..p.indices.len()));
+        prop_assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn steps_hold_neighbours_in_cost_order(
+        lengths in prop::collection::vec(prop_oneof![1i64..20, Just(100), Just(7)], 1..200),
+        ranks in 1usize..9,
+        shuffle in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        // The balance: the bins of one step are neighbours in the order by cost, so that
+        // no step holds a bin cheaper than one step's and one dearer than another's.
+        let bins = bins_of(&lengths, 128, "error", "bfd", 1, false);
+        let options = PlanOptions { seed, shuffle, drop_last: true, ..options(ranks) };
+        let plan = Planner::new(bins, options).unwrap().plan(1);
+        let costs = plan.step_costs(CostKind::Attention).unwrap();
+        let mut ranges: Vec<(f64, f64)> = costs
+            .chunks_exact(ranks)
+            .map(|row| (row.iter().copied().fold(f64::INFINITY, f64::min), row.iter().copied().fold(0.0, f64::max)))
+            .collect();
+        ranges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        for pair in ranges.windows(2) {
+            prop_assert!(pair[0].1 <= pair[1].0, "steps {:?} and {:?} interleave", pair[0], pair[1]);
+        }
+    }
+}
+
+#[test]
+fn plans_do_not_depend_on_the_thread_count() {
+    let lengths: Vec<i64> = (0..200_000).map(|i| (i * 7919 % 4000) + 1).collect();
+    let bins = bins_of(&lengths, 8192, "error", "bfd", 1, false);
+    let plan_with = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let planner = Planner::new(
+                Arc::clone(&bins),
+                PlanOptions {
+                    seed: 5,
+                    ..options(7)
+                },
+            )
+            .unwrap();
+            let plan = planner.plan(3);
+            (plan.steps().to_vec(), plan.layout().bin_offsets().to_vec())
+        })
+    };
+    let one = plan_with(1);
+    assert_eq!(one, plan_with(2));
+    assert_eq!(one, plan_with(4));
+}
+
+#[test]
+fn equal_costs_are_ordered_by_index_and_shuffled_by_seed_alone() {
+    let bins = bins_of(&[10; 64], 20, "error", "bfd", 1, false);
+    let fixed = PlanOptions {
+        shuffle: false,
+        ..options(4)
+    };
+    let plan = Planner::new(Arc::clone(&bins), fixed).unwrap().plan(0);
+    assert_eq!(plan.steps(), (0..32).collect::<Vec<i64>>());
+    let shuffled = |seed| {
+        Planner::new(Arc::clone(&bins), PlanOptions { seed, ..options(4) })
+            .unwrap()
+            .plan(2)
+            .steps()
+            .to_vec()
+    };
+    assert_eq!(shuffled(9), shuffled(9));
+    assert_ne!(shuffled(9), shuffled(10));
+}
+
+#[test]
+fn bins_are_cut_between_segments_into_equal_token_runs() {
+    assert_eq!(divide::cut_points(&[1, 1, 1, 1], 2), vec![2]);
+    assert_eq!(divide::cut_points(&[5, 1, 1, 1, 1, 1], 2), vec![1]);
+    assert_eq!(divide::cut_points(&[1, 1, 1], 3), vec![1, 2]);
+    assert_eq!(divide::cut_points(&[0, 0, 9], 2), vec![2]);
+}
+
+#[test]
+fn drop_last_leaves_out_the_least_filled_bins_the_later_first() {
+    // Bins of 30, 20, 20, 30 tokens on 3 ranks: one bin goes, the later of the two 20s.
+    let bins = bins_of(&[30, 20, 20, 30], 30, "error", "next_fit", 1, false);
+    let options = PlanOptions {
+        drop_last: true,
+        ..options(3)
+    };
+    let plan = Planner::new(bins, options).unwrap().plan(0);
+    let report = plan.layout().report();
+    assert_eq!(
+        (
+            report.dropped_bins,
+            report.dropped_seqs,
+            report.dropped_tokens
+        ),
+        (1, 1, 20)
+    );
+    let mut dealt = plan.steps().to_vec();
+    dealt.sort_unstable();
+    assert_eq!(dealt, vec![0, 1, 3]);
+}
+
+#[test]
+fn sequences_are_cut_with_the_oversize_splitter_only_as_far_as_needed() {
+    // Three full bins on two ranks: one sequence is cut, into a full piece and the rest.
+    let bins = bins_of(&[64, 64, 64], 64, "error", "bfd", 1, false);
+    let split = PlanOptions {
+        split_sequences: true,
+        ..options(2)
+    };
+    let plan = Planner::new(Arc::clone(&bins), split).unwrap().plan(0);
+    assert_eq!(plan.layout().report().split_seqs, 1);
+    assert_eq!(plan.n_steps(), 2);
+    let layout = plan.layout();
+    let pieces: Vec<(i64, i64)> = (0..layout.indices().len())
+        .filter(|&j| layout.lengths()[j] < 64)
+        .map(|j| (layout.starts()[j], layout.lengths()[j]))
+        .collect();
+    assert_eq!(pieces, vec![(0, 32), (32, 32)]);
+    let error = Planner::new(bins, options(2)).unwrap_err().to_string();
+    assert!(
+        error.contains("num_replicas=2") && error.contains("drop_last=True"),
+        "{error}"
+    );
+}
+
+#[test]
+fn attention_counts_padded_lengths() {
+    // pad_to_multiple_of=8: a 5-token document occupies, and attends over, 8 slots.
+    let bins = bins_of(&[5, 13], 64, "error", "bfd", 8, false);
+    let options = PlanOptions {
+        pad_to_multiple_of: 8,
+        ..options(1)
+    };
+    let plan = Planner::new(bins, options).unwrap().plan(0);
+    assert_eq!(plan.step_costs(CostKind::Tokens).unwrap(), vec![24.0]);
+    assert_eq!(
+        plan.step_costs(CostKind::Attention).unwrap(),
+        vec![(64 + 256) as f64]
+    );
+    assert_eq!(plan.real_tokens(), vec![18]);
+}
+
+#[test]
+fn rest_keeps_the_bins_not_yet_run() {
+    let lengths: Vec<i64> = (0..300).map(|i| i % 50 + 1).collect();
+    let bins = bins_of(&lengths, 128, "error", "bfd", 1, false);
+    let plan = Planner::new(Arc::clone(&bins), options(3)).unwrap().plan(1);
+    let rest = plan.rest(2).unwrap();
+    assert_eq!(rest.n_bins(), (plan.n_steps() - 2) * 3);
+    assert_eq!(rest.packing.counts.input_tokens, rest.total_tokens());
+    assert_eq!(rest.lower_bound, rest.packing.segment_cost.div_ceil(128));
+    rest.validate().unwrap();
+    assert!(plan.rest(plan.n_steps() + 1).is_err());
+}
+
+#[test]
+fn bad_options_are_refused() {
+    let bins = bins_of(&[1, 2, 3], 8, "error", "bfd", 1, false);
+    let flops = PlanOptions {
+        balance: Some(CostKind::Flops),
+        hidden_size: None,
+        ..options(1)
+    };
+    assert!(Planner::new(Arc::clone(&bins), flops)
+        .unwrap_err()
+        .to_string()
+        .contains("hidden_size"));
+    assert!(Planner::new(Arc::clone(&bins), options(0)).is_err());
+    let plan = Planner::new(bins, options(2)).unwrap().plan(0);
+    assert!(plan.step_costs(CostKind::Flops).is_err());
+    assert!(plan.check_rank(2).is_err() && plan.check_rank(-1).is_err());
+}

@@ -1,0 +1,152 @@
+"""Shared pieces of the multi-process trainer runs: a tiny Llama built from a config, a
+synthetic corpus whose documents say who they are, and one JSON log per rank.
+
+Document ``i`` starts with the tokens ``i % VOCAB, i // VOCAB``, so the documents of any
+packed micro-batch can be read back from its ``input_ids`` and ``cu_seq_lens_q``,
+whatever the framework did with the batch on the way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenbatch.schedule import LinearRamp
+
+VOCAB = 128
+N_DOCS = 480
+MAX_TOKENS = 512
+#: The batch-size ramp of the schedule runs.
+SCHEDULE = LinearRamp(1024, 4096, 30_000, unit="tokens")
+#: Optimizer step the Trainer runs stop at, in the middle of the second epoch (19 + 19
+#: steps of 2 micro-batches, 16 + 10 steps under the ramp).
+TRAINER_STOP = {"ga": 28, "schedule": 20}
+
+
+def lengths(n: int = N_DOCS, seed: int = 0) -> np.ndarray:
+    """Document lengths in [2, 400], skewed towards short ones."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(4.0, 0.9, n).astype(np.int64), 2, 400)
+
+
+def documents(n: int = N_DOCS, seed: int = 0) -> list[dict[str, list[int]]]:
+    rng = np.random.default_rng(seed + 1)
+    docs = []
+    for i, length in enumerate(lengths(n, seed)):
+        tokens = rng.integers(0, VOCAB, int(length))
+        tokens[:2] = (i % VOCAB, i // VOCAB)
+        docs.append({"input_ids": tokens.tolist()})
+    return docs
+
+
+def tiny_llama(seed: int = 0) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    return LlamaForCausalLM(config)
+
+
+def tiny_tokenizer() -> Any:
+    """A word-level tokenizer over the words ``<0> ... <127>`` (``<0>`` pads, ``<1>`` ends
+    a text; special tokens are matched inside words, so no word may contain another)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({f"<{i}>": i for i in range(VOCAB)}, unk_token="<2>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<0>", eos_token="<1>", unk_token="<2>"
+    )
+
+
+def texts(n: int = N_DOCS, seed: int = 0) -> list[dict[str, str]]:
+    """The documents as text for :func:`tiny_tokenizer` (a trailing space, so that the
+    EOS a trainer appends is a word of its own)."""
+    return [
+        {"text": "".join(f"<{token}> " for token in doc["input_ids"])} for doc in documents(n, seed)
+    ]
+
+
+#: What a Hugging Face causal LM takes from a PackedCollator batch.
+MODEL_KEYS = ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
+              "max_length_q", "max_length_k")  # fmt: skip
+
+
+def step_normalized_loss(model: Any, batch: dict[str, Any], num_items: int, world: int) -> Any:
+    """The micro-batch's summed token loss over the label tokens of its whole optimizer
+    step on all ranks, times the ranks DDP averages the gradients over."""
+    inputs = {key: batch[key] for key in MODEL_KEYS}
+    return model(**inputs, num_items_in_batch=num_items).loss * world
+
+
+def decode(batch: dict[str, Any]) -> list[int]:
+    """The documents of a packed micro-batch, in order."""
+    ids = batch["input_ids"].reshape(-1).tolist()
+    starts = batch["cu_seq_lens_q"].tolist()[:-1]
+    return [ids[s] + VOCAB * ids[s + 1] for s in starts]
+
+
+def label_tokens(batch: dict[str, Any]) -> int:
+    """Labels a causal LM trains on (the first label of a row is never a target)."""
+    return int((batch["labels"][..., 1:] != -100).sum())
+
+
+class RecordingMixin:
+    """Put first among the bases of a Trainer: logs the documents, labels, normalizer and
+    loss of every micro-batch to ``records`` (a :class:`Log`)."""
+
+    records: Log
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        self.records.write(
+            epoch=self.token_budget_sampler.epoch,
+            step=self.state.global_step,
+            docs=decode(inputs),
+            labels=label_tokens(inputs),
+            num_items=int(kwargs["num_items_in_batch"]),
+            loss=float(loss.detach()),
+        )
+        return loss
+
+
+class Log:
+    """One JSON line per record, per rank."""
+
+    def __init__(self, directory: str | Path, name: str) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        path = Path(directory) / f"{name}.rank{self.rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("w")
+
+    def write(self, **record: Any) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def micro_batch(self, epoch: int, steps: Any, i: int, batch: Any, loss: Any) -> None:
+        """Record micro-batch ``i`` of ``epoch`` (``steps``: its OptimizerSteps)."""
+        self.write(
+            epoch=epoch,
+            step=steps.step_of(i),
+            docs=decode(batch),
+            labels=label_tokens(batch),
+            num_items=steps.num_items_in_batch(i),
+            loss=float(loss.detach()),
+        )

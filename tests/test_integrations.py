@@ -1,0 +1,228 @@
+"""The trainer integrations in one process: what they refuse, and a Trainer that stops
+and resumes (the 2-process runs are in test_trainers.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import datasets
+import lightning.pytorch as pl
+import pytest
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
+from torch.utils.data import DataLoader
+from transformers import TrainingArguments
+
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.integrations.accelerate import prepare_data_loader
+from tokenbatch.integrations.lightning import TokenBudgetCallback
+from tokenbatch.integrations.transformers import SAMPLER_STATE_NAME, TokenBudgetTrainer
+from tokenbatch.schedule import LinearRamp
+from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
+from run_support import MAX_TOKENS, documents, lengths, tiny_llama
+
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    # Lightning's notes about a CPU run's worker count and logging interval, and its use
+    # of a torch pytree class that torch deprecated.
+    pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.* is deprecated:FutureWarning"),
+    # TRL's SFTConfig still sets the name transformers 5 deprecated.
+    pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning"),
+]
+
+
+def args(tmp_path: Path, **options: Any) -> TrainingArguments:
+    defaults: dict[str, Any] = {
+        "use_cpu": True,
+        "report_to": [],
+        "disable_tqdm": True,
+        "save_strategy": "no",
+        "learning_rate": 3e-3,
+    }
+    return TrainingArguments(str(tmp_path / "out"), **{**defaults, **options})
+
+
+def sampler(**options: Any) -> TokenBudgetBatchSampler:
+    return TokenBudgetBatchSampler(lengths(), MAX_TOKENS, seed=1, **options)
+
+
+# -- Accelerate --------------------------------------------------------------------------
+
+
+def test_accelerate_passes_the_plan_through() -> None:
+    accelerator = Accelerator(cpu=True)
+    batches = sampler()
+    loader = DataLoader(documents(), batch_sampler=batches, collate_fn=list)
+    prepared = prepare_data_loader(accelerator, loader)
+    assert [len(batch) for batch in prepared] == [len(b) for b in batches]
+
+
+def test_accelerate_refuses_what_it_cannot_pass_through() -> None:
+    accelerator = Accelerator(cpu=True)
+    plain = DataLoader(documents(), batch_size=4)
+    with pytest.raises(InvalidTypeError, match="TokenBudgetBatchSampler"):
+        prepare_data_loader(accelerator, plain)
+    two_ranks = DataLoader(documents(), batch_sampler=sampler(num_replicas=2, rank=1))
+    with pytest.raises(InvalidValueError, match="rank 1 of 2, but this is process 0 of 1"):
+        prepare_data_loader(accelerator, two_ranks)
+    dispatching = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True)
+    )
+    with pytest.raises(InvalidValueError, match="dispatch_batches"):
+        prepare_data_loader(dispatching, DataLoader(documents(), batch_sampler=sampler()))
+
+
+# -- Hugging Face Trainer ----------------------------------------------------------------
+
+
+def test_trainer_refuses_settings_it_cannot_honour(tmp_path: Path) -> None:
+    model, data = tiny_llama(), documents()
+    with pytest.raises(InvalidTypeError, match="batch_sampler"):
+        TokenBudgetTrainer(model=model, args=args(tmp_path), train_dataset=data, batch_sampler=3)
+    with pytest.raises(InvalidValueError, match="average_tokens_across_devices"):
+        TokenBudgetTrainer(
+            model=model,
+            args=args(tmp_path, average_tokens_across_devices=False),
+            train_dataset=data,
+            batch_sampler=sampler(),
+        )
+    ramp = LinearRamp(1024, 4096, 30_000, unit="tokens")
+    trainer = TokenBudgetTrainer(
+        model=model,
+        args=args(tmp_path, gradient_accumulation_steps=2),
+        train_dataset=data,
+        batch_sampler=sampler(schedule=ramp),
+    )
+    with pytest.raises(InvalidValueError, match="the schedule decides"):
+        trainer.train()
+
+
+def test_trainer_refuses_a_sampler_of_other_lengths(tmp_path: Path) -> None:
+    data = datasets.Dataset.from_list(documents())
+    other = lengths().copy()
+    other[7] += 1
+    trainer = TokenBudgetTrainer(
+        model=tiny_llama(),
+        args=args(tmp_path),
+        train_dataset=data,
+        batch_sampler=TokenBudgetBatchSampler(other, MAX_TOKENS),
+    )
+    with pytest.raises(InvalidValueError, match="sequence 7 of the training set"):
+        trainer.train()
+    wrong = TokenBudgetTrainer(
+        model=tiny_llama(), args=args(tmp_path), train_dataset=data, batch_sampler=lambda d: 3
+    )
+    with pytest.raises(InvalidTypeError, match="must return a TokenBudgetBatchSampler"):
+        wrong.train()
+
+
+def test_trainer_stops_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    def trainer(**options: Any) -> TokenBudgetTrainer:
+        return TokenBudgetTrainer(
+            model=tiny_llama(),
+            args=args(tmp_path, gradient_accumulation_steps=3, **options),
+            train_dataset=datasets.Dataset.from_list(documents()),
+            batch_sampler=lambda dataset: sampler(),  # built from the training set
+        )
+
+    first = trainer(max_steps=5, save_strategy="steps", save_steps=5)
+    assert first.micro_batches_per_step == 3
+    assert first.args.gradient_accumulation_steps == 1  # the loop sees whole steps
+    first.train()
+    state = json.loads((tmp_path / "out" / "checkpoint-5" / SAMPLER_STATE_NAME).read_text())
+    assert (state["epoch"], state["step"]) == (0, 15)
+    resumed = trainer(num_train_epochs=1)
+    result = resumed.train(resume_from_checkpoint=True)
+    assert result.global_step == -(-len(sampler()) // 3)  # the whole epoch, no more
+    (tmp_path / "out" / "checkpoint-5" / SAMPLER_STATE_NAME).unlink()
+    with pytest.raises(InvalidValueError, match=SAMPLER_STATE_NAME):
+        trainer().train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-5"))
+
+
+def test_sft_trainer_refuses_padding_free_and_packing(tmp_path: Path) -> None:
+    from trl import SFTConfig
+
+    from tokenbatch.integrations.trl import TokenBudgetSFTTrainer
+
+    for option in ("padding_free", "packing"):
+        config = SFTConfig(str(tmp_path), use_cpu=True, max_length=None, **{option: True})
+        with pytest.raises(InvalidValueError, match=f"{option}=True"):
+            TokenBudgetSFTTrainer(model=tiny_llama(), args=config, batch_sampler=sampler())
+
+
+# -- Lightning ---------------------------------------------------------------------------
+
+
+class Module(pl.LightningModule):
+    def __init__(self, budget: TokenBudgetCallback) -> None:
+        super().__init__()
+        self.model = tiny_llama()
+        self.budget = budget
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(
+            documents(), batch_sampler=self.budget.sampler, collate_fn=PackedCollator()
+        )
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        n = self.budget.num_items_in_batch(batch_idx)
+        keys = ("input_ids", "labels", "position_ids")
+        loss = self.model(**{k: batch[k] for k in keys}, num_items_in_batch=n).loss
+        return loss * self.budget.loss_scale
+
+    def configure_optimizers(self) -> Any:
+        import torch
+
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def lightning_trainer(budget: TokenBudgetCallback, tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        accumulate_grad_batches=2,
+        callbacks=[budget],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+
+
+def test_lightning_callback_trains_and_scales_the_loss(tmp_path: Path) -> None:
+    budget = TokenBudgetCallback(sampler)
+    with pytest.raises(InvalidValueError, match="train_dataloader"):
+        _ = budget.sampler  # not built before fit
+    trainer = lightning_trainer(budget, tmp_path)
+    trainer.fit(Module(budget))
+    assert trainer.global_step == 3
+    assert budget.loss_scale == 2  # 1 rank x 2 micro-batches per step
+    state = budget.state_dict()["sampler"]
+    assert (state["epoch"], state["step"]) == (0, 6)
+
+
+def test_lightning_callback_refuses_a_sampler_for_other_ranks(tmp_path: Path) -> None:
+    budget = TokenBudgetCallback(sampler(num_replicas=2, rank=0))
+    with pytest.raises(InvalidValueError, match="rank 0 of 2, but this is rank 0 of 1"):
+        lightning_trainer(budget, tmp_path).fit(Module(budget))
+    with pytest.raises(InvalidTypeError, match="batch_sampler"):
+        TokenBudgetCallback(3)  # type: ignore[arg-type]
+
+
+def test_importing_tokenbatch_imports_no_framework() -> None:
+    code = (
+        "import sys, tokenbatch, tokenbatch.integrations\n"
+        "loaded = {'torch', 'transformers', 'accelerate', 'lightning', 'trl', 'torchdata'}\n"
+        "print(sorted(loaded & set(sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr
