@@ -88,3 +88,11 @@ def test_every_exported_function_runs_inside_the_guard() -> None:
     assert {"pack", "batch_padded", "memory_grid", "table", "set_num_threads"} <= set(exported)
     unguarded = sorted(name for name, body in exported.items() if "guard(" not in body)
     assert unguarded == [], f"wrap these bindings in error::guard: {unguarded}"
+
+
+def test_an_unpickled_packing_without_a_budget_is_refused() -> None:
+    """Rebuilt bins with max_tokens=0 passed validation and planning them divided by zero."""
+    empty = np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(1, dtype=np.int64)
+    with pytest.raises(tb.InvalidValueError, match="max_tokens must be at least 1"):
+        tb.Packing._from_parts(offsets, empty, empty, empty, empty, [0] * 7, 0, 0, "packed", 0)
