@@ -1,4 +1,5 @@
-//! Batch-size schedules from arbitrary arguments: construction, `batch_at`, the per-step
+//! Batch-size schedules from arbitrary arguments (Megatron-LM's ramp and step schedule,
+//! linear, piecewise): construction, `batch_at`, the per-step
 //! table, grouping micro-batches into steps and Megatron's iteration count. Errors for bad
 //! input; otherwise batches on the ramp's grid and never decreasing unless allowed, a
 //! table whose every step is the schedule's batch at that point, in whole rounds of
@@ -33,6 +34,8 @@ enum Shape {
         pieces: Vec<(Int, Int)>,
         allow_decrease: bool,
     },
+    /// Megatron-LM's step schedule: pieces keyed by consumed samples.
+    MegatronSteps { pieces: Vec<(Int, Int)> },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -95,11 +98,22 @@ fn build(case: &Case) -> tokenbatch_core::Result<Schedule> {
             pieces,
             allow_decrease,
         } => {
-            let from: Vec<i64> = pieces.iter().map(|p| p.0.get()).collect();
-            let batches: Vec<i64> = pieces.iter().map(|p| p.1.get()).collect();
+            let (from, batches) = columns(pieces);
             Schedule::piecewise(&from, &batches, unit, seq_len, *allow_decrease)
         }
+        Shape::MegatronSteps { pieces } => {
+            let (from, batches) = columns(pieces);
+            Schedule::megatron_steps(&from, &batches, seq_len)
+        }
     }
+}
+
+/// The boundaries and the batches of `(from, batch)` pieces.
+fn columns(pieces: &[(Int, Int)]) -> (Vec<i64>, Vec<i64>) {
+    pieces
+        .iter()
+        .map(|&(from, batch)| (from.get(), batch.get()))
+        .unzip()
 }
 
 fn check_batch_at(schedule: &Schedule, consumed: &[i64]) {
@@ -145,7 +159,7 @@ fn check_batch_at(schedule: &Schedule, consumed: &[i64]) {
             }
             Curve::Piecewise(pieces) => {
                 let piece = pieces
-                    .from_tokens
+                    .from
                     .iter()
                     .rposition(|&from| from <= at)
                     .unwrap_or(0);
