@@ -73,12 +73,7 @@ def register(subparsers: Any) -> None:
     )
     _add_model(planner)
     planner.add_argument("--gpus", type=count(), required=True, help="number of GPUs")
-    planner.add_argument(
-        "--gpu-memory",
-        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
-        default="80GB",
-        help="memory per GPU (default 80GB)",
-    )
+    add_gpu_memory(planner)
     planner.add_argument(
         "--global-batch-tokens",
         type=count(),
@@ -91,6 +86,16 @@ def register(subparsers: Any) -> None:
     )
     planner.add_argument("--top", type=count(), default=10, help="layouts to list")
     planner.set_defaults(handler=run_plan)
+
+
+def add_gpu_memory(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-memory``, a byte size (default 80GB), as ``plan`` and ``schedule`` read it."""
+    parser.add_argument(
+        "--gpu-memory",
+        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
+        default="80GB",
+        help="memory per GPU (default 80GB)",
+    )
 
 
 def load_spec(model: str) -> ModelSpec:

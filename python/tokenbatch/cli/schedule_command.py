@@ -13,14 +13,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenbatch.cli.memory_command import load_spec
+from tokenbatch.cli.memory_command import add_gpu_memory, load_spec
 from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.table import format_table, format_value
 from tokenbatch.cli.units import (
     BYTES_HELP,
     COUNT_HELP,
-    GPU_MEMORY_MINIMUM,
-    byte_size,
     count,
     non_negative_real,
     output_file,
@@ -105,12 +103,7 @@ def register(subparsers: Any) -> None:
         help="the law behind --recommend (three-term: Schaipp 2026, a full launch plan)",
     )
     parser.add_argument("--gpus", type=count(), default=None, help="GPUs (default: --dp)")
-    parser.add_argument(
-        "--gpu-memory",
-        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
-        default="80GB",
-        help="memory per GPU (default 80GB)",
-    )
+    add_gpu_memory(parser)
     parser.add_argument("--unit", choices=["tokens", "sequences"], default="tokens")
     parser.add_argument("--seq-len", type=count(), default=None, help="tokens per sequence")
     parser.add_argument("--by", choices=["tokens", "steps"], default="tokens", help="ramp shape")
