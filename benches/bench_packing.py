@@ -51,3 +51,13 @@ def test_python_best_fit_decreasing(benchmark: Any, n: int) -> None:
     benchmark.extra_info.update(n=n, algorithm="python bfd (bisect)")
     result = benchmark.pedantic(reference_pack, args=(lengths, MAX_TOKENS), rounds=1, iterations=1)
     assert len(result.indices) == n
+
+
+@pytest.mark.parametrize("max_tokens", [8192, 1 << 20, 16_777_216])
+def test_pack_three_sequences(benchmark: Any, max_tokens: int) -> None:
+    """A tiny input under a large budget costs what the input costs (the best-fit index
+    and the decreasing order are sized by the input, not the budget)."""
+    benchmark.group = "pack 3 sequences"
+    benchmark.extra_info.update(n=3, max_tokens=max_tokens)
+    packing = benchmark(tb.pack, [5_000, 700, 9], max_tokens)
+    assert packing.n_bins == 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import sizes
+from conftest import FULL, sizes
 
 import tokenbatch as tb
 from tokenbatch.datasets import example_lengths
@@ -45,3 +45,19 @@ def test_stream_packer(benchmark: Any, buffer_size: int, distribution: str) -> N
     assert n_bins >= whole.lower_bound
     # A buffer of a thousand sequences or more comes within a percent of packing everything.
     assert stream_efficiency > whole.efficiency - (0.01 if buffer_size >= 1024 else 0.1)
+
+
+@pytest.mark.parametrize("max_tokens", [8192, 1 << 20])
+def test_stream_packer_budget(benchmark: Any, max_tokens: int) -> None:
+    """The same stream under an ordinary and a huge budget: each repack costs what the
+    buffer costs, not what the budget does."""
+    lengths = example_lengths("lognormal", N, max_length=MAX_TOKENS, seed=0).tolist()
+    benchmark.group = f"stream budget n={N:,}"
+
+    def run() -> int:
+        packer = tb.StreamPacker(lengths, max_tokens, length_fn=int, output="segments")
+        return sum(1 for _ in packer)
+
+    n_bins = benchmark.pedantic(run, rounds=3 if FULL else 1, iterations=1)
+    benchmark.extra_info.update(n=N, max_tokens=max_tokens, buffer_size=4096, bins=n_bins)
+    assert n_bins >= sum(lengths) // max_tokens

@@ -206,7 +206,9 @@ def test_resume_continues_exactly(indexable: bool, cut: int) -> None:
     iterator = iter(packer)
     for _ in range(min(cut, len(expected))):
         taken.append(next(iterator))
+    assert packer.yielded_bins == len(taken)
     state = json.loads(json.dumps(packer.state_dict()))  # plain JSON
+    assert state == packer.state_dict()
     assert len(state["buffer"]) <= 32
     resumed = StreamPacker(source(), 512, **options)
     resumed.load_state_dict(state)
@@ -237,28 +239,50 @@ def test_resume_reads_only_buffered_items_of_an_indexable_source() -> None:
 
 
 def test_bad_input_raises_clear_errors() -> None:
-    with pytest.raises(OversizeError, match="stream item 1 has 20 tokens"):
+    # Oversize items are refused by the packing's own splitter, with its message.
+    with pytest.raises(OversizeError, match="sequence 1 has 20 tokens, more than max_tokens=10"):
         list(StreamPacker([[1] * 3, [1] * 20], 10, oversize="error"))
     with pytest.raises(InvalidValueError, match="has no 'input_ids' field"):
         list(StreamPacker([{"text": "a"}], 10))
     with pytest.raises(InvalidTypeError, match="has no length"):
         list(StreamPacker([3, 4], 10))
+    with pytest.raises(InvalidValueError, match="stream item 1 has length -4"):
+        list(StreamPacker([3, -4], 10, length_fn=int))
     with pytest.raises(InvalidTypeError, match="must be iterable"):
         StreamPacker(5, 10)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="buffer_size must be at least 2"):
         StreamPacker([], 10, buffer_size=1)
+    with pytest.raises(InvalidValueError, match="max_tokens must be positive"):
+        StreamPacker([], 0)
     with pytest.raises(InvalidValueError, match="shard must be in"):
         StreamPacker([], 10, num_shards=2, shard=2)
     with pytest.raises(InvalidValueError, match="oversize must be one of"):
         StreamPacker([], 10, oversize="wrap")  # type: ignore[arg-type]
+
+
+def test_bad_states_are_refused_clearly() -> None:
     packer = StreamPacker([[1]], 10, buffer_size=8)
     with pytest.raises(InvalidValueError, match="other options: buffer_size=8"):
         StreamPacker([[1]], 10, buffer_size=16).load_state_dict(packer.state_dict())
     with pytest.raises(InvalidValueError, match="not a StreamPacker state"):
         packer.load_state_dict({"format": "other"})
-    state = packer.state_dict()
-    state["buffer"] = [[5, 0, 1]]
-    packer.load_state_dict(state)
+    # A state of another format version would not continue the same stream.
+    old = {**packer.state_dict(), "format": "tokenbatch.StreamPacker/1"}
+    with pytest.raises(InvalidValueError, match=r"format 'tokenbatch\.StreamPacker/1'.* reads"):
+        packer.load_state_dict(old)
+    # States no packer of these options could have saved.
+    for change in (
+        {"buffer": [[5, 0, 1]]},  # read before next_position 0?
+        {"next_position": 6, "buffer": [[5, 0, 11]]},  # longer than a bin
+        {"next_position": 6, "pending": [[[5, 0, 6], [3, 0, 6]]]},  # a bin over budget
+        {"next_position": 6, "buffer": [[5, 0, 1]] * 2},  # the same segment twice
+    ):
+        with pytest.raises(InvalidValueError, match="malformed stream state"):
+            packer.load_state_dict({**packer.state_dict(), **change})
+    with pytest.raises(InvalidValueError, match="malformed StreamPacker state"):
+        packer.load_state_dict({**packer.state_dict(), "buffer": [[5, 0]]})
+    # A well-formed state of a longer stream than this source.
+    packer.load_state_dict({**packer.state_dict(), "next_position": 6, "buffer": [[5, 0, 1]]})
     with pytest.raises(InvalidValueError, match="refers to position 5"):
         list(packer)
 

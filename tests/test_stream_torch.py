@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import multiprocessing
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -11,8 +15,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.stream import StreamingDataset
-from tokenbatch.torch import PackedCollator
+from tokenbatch.torch import PackedCollator, StreamingDataset
 
 MAX_TOKENS = 256
 
@@ -38,10 +41,23 @@ def make(items: list[dict[str, Any]], **options: Any) -> Any:
     )
 
 
-def test_is_an_iterable_dataset_and_module_imports_without_it() -> None:
+def test_is_an_iterable_dataset_of_the_torch_package() -> None:
     dataset = make(corpus(10))
     assert isinstance(dataset, IterableDataset)
-    assert type(dataset).__module__ == "tokenbatch.stream"
+    assert type(dataset).__module__ == "tokenbatch.torch.streaming"
+
+
+def test_the_stream_module_imports_without_torch_and_its_old_name_warns() -> None:
+    code = "import sys, tokenbatch, tokenbatch.stream; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
+    import tokenbatch.stream
+
+    with pytest.warns(DeprecationWarning, match="from tokenbatch.torch import StreamingDataset"):
+        old = tokenbatch.stream.StreamingDataset  # type: ignore[attr-defined]
+    assert old is StreamingDataset
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        tokenbatch.stream.Nothing  # type: ignore[attr-defined]  # noqa: B018
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -94,6 +110,55 @@ def test_resume_with_workers_skips_consumed_batches() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("num_workers", "context", "persistent"),
+    [(0, None, False), (2, "fork", False), (2, "fork", True), (2, "forkserver", False)],
+)
+def test_a_resume_applies_to_the_next_epoch_only(
+    num_workers: int, context: str | None, persistent: bool
+) -> None:
+    # The saved position was cleared only in the workers' copies of the dataset, so every
+    # later epoch skipped the resumed epoch's batches again (292 of 302 batches, each epoch).
+    # "forkserver" (Python 3.14's default on Linux) pickles the dataset into each worker,
+    # like "spawn", and starts faster once torch is preloaded.
+    items = corpus()
+    if context == "forkserver":
+        multiprocessing.get_context(context).set_forkserver_preload(["tokenbatch.torch"])
+    options: dict[str, Any] = {
+        "batch_size": None,
+        "num_workers": num_workers,
+        "multiprocessing_context": context,
+        "persistent_workers": persistent,
+    }
+    plain = {"batch_size": None, "num_workers": num_workers}
+    fresh = [first_tokens(b) for b in DataLoader(make(items), **plain)]
+    dataset = make(items)
+    if num_workers:
+        dataset.load_state_dict(make(items).state_dict(consumed_batches=7, num_workers=2))
+    else:
+        interrupted = make(items)
+        for step, _ in enumerate(interrupted):
+            if step == 6:
+                break
+        dataset.load_state_dict(interrupted.state_dict())
+    loader = DataLoader(dataset, **options)
+    assert [first_tokens(b) for b in loader] == fresh[7:]
+    assert [first_tokens(b) for b in loader] == fresh
+    assert [first_tokens(b) for b in loader] == fresh
+
+
+def test_a_copy_of_a_resumed_dataset_resumes_on_its_own() -> None:
+    items = corpus()
+    fresh = [first_tokens(b) for b in DataLoader(make(items), batch_size=None, num_workers=2)]
+    dataset = make(items)
+    dataset.load_state_dict(make(items).state_dict(consumed_batches=5, num_workers=2))
+    twin = copy.deepcopy(dataset)
+    for resumed in (dataset, twin):
+        loader = DataLoader(resumed, batch_size=None, num_workers=2)
+        assert [first_tokens(b) for b in loader] == fresh[5:]
+        assert [first_tokens(b) for b in loader] == fresh
+
+
 def test_state_errors() -> None:
     items = corpus(20)
     with pytest.raises(InvalidValueError, match="not iterated in this process"):
@@ -114,8 +179,7 @@ def test_state_errors() -> None:
 STOP_TOGETHER_SCRIPT = """
 import json, os, sys
 import torch.distributed as dist
-from tokenbatch.stream import StreamingDataset
-from tokenbatch.torch import stop_together
+from tokenbatch.torch import StreamingDataset, stop_together
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

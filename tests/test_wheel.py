@@ -62,6 +62,7 @@ def test_wheel_is_abi3_and_complete(wheel: Path) -> None:
         "tokenbatch/py.typed",
         "tokenbatch/_core.pyi",
         "tokenbatch/stream.py",
+        "tokenbatch/torch/streaming.py",
         "tokenbatch/hf.py",
         "tokenbatch/cli/__init__.py",
     ):

@@ -174,3 +174,18 @@ def check_same_config(saved: Mapping[str, Any], current: Mapping[str, Any], owne
         raise InvalidValueError(
             f"state was saved by a {owner} with other options: " + ", ".join(differences)
         )
+
+
+def check_state_format(saved: object, expected: str, owner: str) -> None:
+    """Refuse a saved state of another kind, or of this kind (``"kind/version"``) in another
+    format version, saying which (``owner`` names the object, e.g. ``"StreamPacker"``)."""
+    if saved == expected:
+        return
+    kind = expected.rpartition("/")[0]
+    if isinstance(saved, str) and saved.startswith(kind + "/"):
+        raise InvalidValueError(
+            f"this {owner} state has format {saved!r}; this version of tokenbatch reads "
+            f"{expected!r} only: a state of another format version would not continue the "
+            "same way. Start again, or resume with the tokenbatch version that saved it"
+        )
+    raise InvalidValueError(f"state is not a {owner} state (format={saved!r})")

@@ -4,7 +4,7 @@ Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal, final
+from typing import Any, ClassVar, Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +19,8 @@ __all__ = [
     "Planner",
     "RankBatches",
     "Schedule",
+    "StreamBin",
+    "StreamBuffer",
     "__version__",
     "_panic_for_test",
     "batch_padded",
@@ -295,6 +297,59 @@ def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
 
 def set_num_threads(threads: int | None) -> None: ...
 def get_num_threads() -> int: ...
+
+# --- stream --------------------------------------------------------------------------
+
+_Segment = tuple[int, int, int]
+
+@final
+class StreamBin:
+    """A bin taken from a stream buffer."""
+
+    @property
+    def segments(self) -> list[_Segment]: ...
+    @property
+    def released(self) -> list[int]: ...
+
+@final
+class StreamBuffer:
+    """The buffer of a stream packer (see ``tokenbatch.StreamPacker``)."""
+
+    STATE_VERSION: ClassVar[int]
+    def __new__(
+        cls,
+        max_tokens: int,
+        *,
+        buffer_size: int,
+        algorithm: str,
+        max_seqs: int | None,
+        oversize: str,
+        shuffle: bool,
+        seed: int,
+        num_shards: int,
+        shard: int,
+    ) -> StreamBuffer: ...
+    def push(self, position: int, length: int) -> int: ...
+    def finish(self) -> None: ...
+    def take_bin(self) -> StreamBin | None: ...
+    def held_positions(self) -> list[int]: ...
+    @property
+    def next_position(self) -> int: ...
+    @property
+    def dropped_seqs(self) -> int: ...
+    @property
+    def yielded_bins(self) -> int: ...
+    def state(self) -> dict[str, Any]: ...
+    def restore(
+        self,
+        *,
+        next_position: int,
+        round: int,
+        yielded_bins: int,
+        dropped_seqs: int,
+        buffer: list[_Segment],
+        pending: list[list[_Segment]],
+    ) -> None: ...
 
 # --- test hook (not API) -------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""PyTorch integration: a token-budget batch sampler for distributed training and the
-collators that turn its batches into padding-free or padded tensors.
+"""PyTorch integration: a token-budget batch sampler for distributed training, the
+collators that turn its batches into padding-free or padded tensors, and a streaming
+dataset that packs a stream of unknown length.
 
 ::
 
@@ -20,6 +21,7 @@ from tokenbatch.torch.context_parallel import ContextParallelCollator, shard_bat
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
 from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
 from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
+from tokenbatch.torch.streaming import StreamingDataset
 from tokenbatch.torch.sync import stop_together
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "PackedCollator",
     "PaddedCollator",
     "SegmentDataset",
+    "StreamingDataset",
     "TokenBudgetBatchSampler",
     "optimizer_steps",
     "sequence_lengths",

@@ -22,7 +22,7 @@ def stop_together(
     """Yield from ``batches`` while every rank of ``group`` still has a batch.
 
     Data-parallel ranks that read streams of unknown length (such as
-    :class:`tokenbatch.stream.StreamingDataset` shards) hold different numbers of
+    :class:`tokenbatch.torch.StreamingDataset` shards) hold different numbers of
     batches; a rank that finishes early would leave the others waiting forever in their
     next gradient all-reduce. Wrapping each rank's loader makes all of them stop after the
     shortest one, at the cost of one all-reduce of a single integer per step::

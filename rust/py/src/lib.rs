@@ -15,6 +15,7 @@ mod packing;
 mod parallel;
 mod plan;
 mod schedule;
+mod stream;
 
 use pyo3::prelude::*;
 
@@ -29,5 +30,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     parallel::register(m)?;
     plan::register(m)?;
     schedule::register(m)?;
+    stream::register(m)?;
     Ok(())
 }

@@ -14,16 +14,26 @@ pub struct Assignment {
 /// Assign with the packing algorithm of `options`.
 pub fn run(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
     match options.algorithm {
-        Algorithm::BestFitDecreasing => best_fit(costs, n, options),
+        Algorithm::BestFitDecreasing => best_fit(best_fit_index(n, options), costs, n, options),
         Algorithm::FirstFitDecreasing | Algorithm::FirstFitShuffled => first_fit(costs, n, options),
         Algorithm::NextFit => next_fit(costs, n, options),
     }
 }
 
-/// Best fit: each segment goes to the open bin it leaves with the least room.
-pub fn best_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
+/// The best-fit index for `n` segments under `options` (see [`BestFitIndex::for_input`]).
+pub fn best_fit_index(n: usize, options: &PackOptions) -> BestFitIndex {
+    BestFitIndex::for_input(options.max_tokens, n)
+}
+
+/// Best fit: each segment goes to the open bin it leaves with the least room. `index`
+/// starts empty; which kind it is changes the speed, never the result.
+pub fn best_fit(
+    mut index: BestFitIndex,
+    costs: impl Iterator<Item = u64>,
+    n: usize,
+    options: &PackOptions,
+) -> Assignment {
     let capacity = options.max_tokens;
-    let mut index = BestFitIndex::new(capacity);
     let mut n_bins = 0u32;
     let mut bin_of = with_capacity_huge(n);
     for cost in costs {
@@ -49,10 +59,14 @@ pub fn best_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOption
 ///   it takes `remaining / cost` segments at once;
 /// - otherwise each bin of its capacity class takes one segment and drops below `cost`,
 ///   out of the run's reach: the whole stack moves down without further searches.
-pub fn best_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> Assignment {
+pub fn best_fit_runs(
+    mut index: BestFitIndex,
+    runs: &[(u64, u32)],
+    n: usize,
+    options: &PackOptions,
+) -> Assignment {
     let capacity = options.max_tokens;
     let max_seqs = options.max_seqs;
-    let mut index = BestFitIndex::new(capacity);
     let mut n_bins = 0u32;
     let mut bin_of: Vec<u32> = with_capacity_huge(n);
     for &(cost, count) in runs {

@@ -1,18 +1,29 @@
 //! Look-up structures for the bins that are still open.
 //!
 //! Best fit needs "the open bin with the smallest remaining capacity that is at least c".
-//! Remaining capacities are integers in `0..=capacity`, so for ordinary budgets a stack of
-//! bins per capacity value plus a 64-ary bit tree over the non-empty stacks answers that in
-//! O(log64 capacity) — three word scans for a 262,144-token budget. Huge budgets fall back
-//! to an ordered map.
+//! Remaining capacities are integers in `0..=capacity`, so when there are many segments
+//! for the budget, a stack of bins per capacity value plus a 64-ary bit tree over the
+//! non-empty stacks answers that in O(log64 capacity) — three word scans for a
+//! 262,144-token budget. That dense index costs about 25 bytes per capacity value, so it is
+//! only built while the budget is small next to the input; otherwise (a few sequences under
+//! a budget of millions of tokens, a stream packer's buffer) an ordered map keyed by the
+//! capacities that actually occur keeps memory and set-up proportional to the input.
 //!
 //! First fit needs "the lowest-numbered open bin with room for c": a max segment tree over
 //! the bins answers it in O(log bins).
 
 use std::collections::BTreeMap;
 
-/// Budgets above this use the ordered-map index (the bit tree would need capacity / 8 bytes).
+/// Budgets above this always use the ordered map (the dense index would need 400 MB).
 const BUCKET_INDEX_MAX_CAPACITY: u64 = 1 << 24;
+
+/// The dense index is built while the budget is at most this many capacity values per
+/// segment packed (about 100 bytes per segment)...
+const BUCKET_INDEX_VALUES_PER_SEGMENT: u64 = 4;
+
+/// ... or at most this budget, whose dense index (400 KB) costs less to set up than the
+/// smallest packing's other work.
+const BUCKET_INDEX_SMALL_CAPACITY: u64 = 1 << 14;
 
 /// A set of integers in `0..n` with "smallest member >= i" in O(log64 n).
 #[derive(Debug, Clone)]
@@ -107,22 +118,37 @@ pub enum BestFitIndex {
         non_empty: BitTree,
         stacks: Vec<Vec<OpenBin>>,
     },
-    /// Ordered map for budgets too large for the bit tree.
+    /// Ordered map over the capacities in use, for budgets large next to the input.
     Ordered(BTreeMap<u64, Vec<OpenBin>>),
 }
 
 impl BestFitIndex {
-    /// An empty index for remaining capacities in `0..=capacity`.
-    pub fn new(capacity: u64) -> Self {
-        if capacity <= BUCKET_INDEX_MAX_CAPACITY {
-            let n = capacity as usize + 1;
-            Self::Buckets {
-                non_empty: BitTree::new(n),
-                stacks: vec![Vec::new(); n],
-            }
+    /// An empty index for packing `n_segments` segments into bins of `capacity`: the dense
+    /// one when the budget is small next to the input, else the ordered map. Both take and
+    /// give back bins in the same order, so the choice never changes a packing.
+    pub fn for_input(capacity: u64, n_segments: usize) -> Self {
+        let dense_limit = (n_segments as u64)
+            .saturating_mul(BUCKET_INDEX_VALUES_PER_SEGMENT)
+            .clamp(BUCKET_INDEX_SMALL_CAPACITY, BUCKET_INDEX_MAX_CAPACITY);
+        if capacity <= dense_limit {
+            Self::dense(capacity)
         } else {
-            Self::Ordered(BTreeMap::new())
+            Self::sparse()
         }
+    }
+
+    /// An empty dense index for remaining capacities in `0..=capacity`.
+    pub fn dense(capacity: u64) -> Self {
+        let n = capacity as usize + 1;
+        Self::Buckets {
+            non_empty: BitTree::new(n),
+            stacks: vec![Vec::new(); n],
+        }
+    }
+
+    /// An empty ordered-map index (any capacity).
+    pub fn sparse() -> Self {
+        Self::Ordered(BTreeMap::new())
     }
 
     /// Add an open bin with `remaining` free capacity.
@@ -376,8 +402,8 @@ mod tests {
 
     #[test]
     fn both_best_fit_indexes_agree() {
-        let mut small = BestFitIndex::new(1000);
-        let mut large = BestFitIndex::Ordered(BTreeMap::new());
+        let mut small = BestFitIndex::dense(1000);
+        let mut large = BestFitIndex::sparse();
         let ops: Vec<(u64, u32)> = (0..200).map(|i| ((i * 37 % 1001) as u64, i)).collect();
         for &(r, bin) in &ops {
             small.insert(r, OpenBin { bin, count: 1 });

@@ -14,6 +14,7 @@ mod layout;
 mod options;
 mod order;
 mod segments;
+pub mod stream;
 
 pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
 pub use segments::{pieces, Length, PolicyCounts};

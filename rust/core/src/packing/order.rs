@@ -14,18 +14,24 @@ use super::segments::Segments;
 use crate::buffers::{with_capacity_huge, zeroed_vec};
 use crate::rng::{mix_seed, SplitMix64};
 
-/// Budgets up to this size are sorted by counting (one pass, a histogram of this many
-/// counters); larger ones fall back to a comparison sort.
-const COUNTING_SORT_MAX_KEYS: u64 = 1 << 22;
+/// The decreasing-cost order is found by counting (one pass and a histogram with a
+/// counter per sort key) while the keys are at most this many per segment...
+const COUNTING_SORT_KEYS_PER_SEGMENT: u64 = 4;
+
+/// ... or at most this many in all; beyond, a comparison sort keeps the order's memory and
+/// time proportional to the input instead of the budget.
+const COUNTING_SORT_SMALL_KEYS: u64 = 1 << 14;
 
 /// How segments are offered to the bins.
 pub enum OfferOrder {
-    /// Decreasing cost, ties by increasing id. Segments with sort key `key` (cost / k)
-    /// occupy offer positions `first_position[key]..`; `runs` lists `(cost, count)` in
-    /// offer order.
+    /// Decreasing cost, ties by increasing id. `runs` lists `(cost, count)` in offer
+    /// order. The segments are cut into chunks of `chunk_len` ids; `chunk_starts[c][key]`
+    /// is the offer position of the first segment of chunk `c` with sort key `key`
+    /// (cost / k): the segments of one key occupy consecutive positions in id order.
     ByCost {
-        first_position: Vec<u32>,
         runs: Vec<(u64, u32)>,
+        chunk_len: usize,
+        chunk_starts: Vec<Vec<u32>>,
     },
     /// `ids[p]` is offered at position `p`.
     Permutation(Vec<u32>),
@@ -71,34 +77,86 @@ fn sort_key(length: u32, k: u64) -> usize {
 }
 
 impl OfferOrder {
-    /// Decreasing cost, ties by increasing id (a stable, unique order).
+    /// Decreasing cost, ties by increasing id (a unique order), by counting or by
+    /// comparison, whichever suits the input's size; both give the same order.
     pub fn decreasing_cost(segments: &Segments, options: &PackOptions) -> Self {
-        let capacity = options.capacity();
+        let keys = options.capacity() / options.pad_to_multiple_of + 1;
+        let counting_limit = (segments.len() as u64)
+            .saturating_mul(COUNTING_SORT_KEYS_PER_SEGMENT)
+            .max(COUNTING_SORT_SMALL_KEYS);
+        if keys <= counting_limit {
+            Self::decreasing_cost_by_counting(segments, options)
+        } else {
+            Self::decreasing_cost_by_comparison(segments, options)
+        }
+    }
+
+    /// [`decreasing_cost`](Self::decreasing_cost) by a counting sort over the sort keys:
+    /// one histogram per chunk of segments, counted in parallel, which also tell where
+    /// each chunk's segments of each key are offered (for [`bins_by_segment`]).
+    ///
+    /// [`bins_by_segment`]: Self::bins_by_segment
+    pub fn decreasing_cost_by_counting(segments: &Segments, options: &PackOptions) -> Self {
         let k = options.pad_to_multiple_of;
-        if capacity > COUNTING_SORT_MAX_KEYS.max(segments.len() as u64) {
-            let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
-            // Stable: equal costs keep increasing id, as with the counting sort.
-            ids.sort_by_key(|&id| std::cmp::Reverse(sort_key(segments.lengths[id as usize], k)));
-            return Self::Permutation(ids);
-        }
-        let mut counts = vec![0u32; (capacity / k) as usize + 1];
-        for &length in &segments.lengths {
-            counts[sort_key(length, k)] += 1;
-        }
-        let mut first_position = vec![0u32; counts.len()];
+        let keys = (options.capacity() / k) as usize + 1;
+        let n = segments.len();
+        // One chunk per thread, if the histograms stay small; else one chunk.
+        let chunk_len = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
+        let chunk_len = if n.div_ceil(chunk_len) * keys <= 1 << 22 {
+            chunk_len
+        } else {
+            n.max(1)
+        };
+        let histograms: Vec<Vec<u32>> = segments
+            .lengths
+            .par_chunks(chunk_len)
+            .map(|lengths| {
+                let mut counts = vec![0u32; keys];
+                for &length in lengths {
+                    counts[sort_key(length, k)] += 1;
+                }
+                counts
+            })
+            .collect();
         let mut runs = Vec::new();
+        let mut next = vec![0u32; keys];
         let mut offset = 0u32;
-        for key in (0..counts.len()).rev() {
-            first_position[key] = offset;
-            if counts[key] > 0 {
-                runs.push((key as u64 * k, counts[key]));
-                offset += counts[key];
+        for key in (0..keys).rev() {
+            next[key] = offset;
+            let count: u32 = histograms.iter().map(|counts| counts[key]).sum();
+            if count > 0 {
+                runs.push((key as u64 * k, count));
+                offset += count;
             }
         }
-        Self::ByCost {
-            first_position,
-            runs,
+        let mut chunk_starts = Vec::with_capacity(histograms.len().max(1));
+        for counts in &histograms {
+            chunk_starts.push(next.clone());
+            for (position, count) in next.iter_mut().zip(counts) {
+                *position += count;
+            }
         }
+        if chunk_starts.is_empty() {
+            chunk_starts.push(next);
+        }
+        Self::ByCost {
+            runs,
+            chunk_len,
+            chunk_starts,
+        }
+    }
+
+    /// [`decreasing_cost`](Self::decreasing_cost) by a comparison sort of the segment ids.
+    pub fn decreasing_cost_by_comparison(segments: &Segments, options: &PackOptions) -> Self {
+        let k = options.pad_to_multiple_of;
+        let mut ids: Vec<u32> = (0..segments.len() as u32).collect();
+        ids.sort_unstable_by_key(|&id| {
+            (
+                std::cmp::Reverse(sort_key(segments.lengths[id as usize], k)),
+                id,
+            )
+        });
+        Self::Permutation(ids)
     }
 
     /// A random order that depends only on `seed`.
@@ -138,7 +196,8 @@ impl OfferOrder {
         if let Self::ByCost { runs, .. } = self {
             match options.algorithm {
                 Algorithm::BestFitDecreasing => {
-                    return assign::best_fit_runs(runs, segments.len(), options)
+                    let index = assign::best_fit_index(segments.len(), options);
+                    return assign::best_fit_runs(index, runs, segments.len(), options);
                 }
                 Algorithm::FirstFitDecreasing => {
                     return assign::first_fit_runs(runs, segments.len(), options)
@@ -179,52 +238,22 @@ impl OfferOrder {
                 by_segment
             }
             // Segments of one sort key occupy consecutive offer positions in id order, so
-            // a running position per key walks `bin_of` as a few thousand forward streams.
-            // Chunks of segments run in parallel, each starting its streams where the
-            // previous chunks' keys end (from per-chunk key histograms).
-            Self::ByCost { first_position, .. } => {
+            // a running position per key walks `bin_of` as a few thousand forward streams;
+            // chunks of segments run in parallel, each from its own starting positions.
+            Self::ByCost {
+                chunk_len,
+                chunk_starts,
+                ..
+            } => {
                 let k = options.pad_to_multiple_of;
-                let n = segments.len();
-                let chunk = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
-                let chunks: Vec<&[u32]> = segments.lengths.chunks(chunk).collect();
-                let histograms: Vec<Vec<u32>> = if chunks.len() * first_position.len() <= 1 << 22 {
-                    chunks
-                        .par_iter()
-                        .map(|lengths| {
-                            let mut counts = vec![0u32; first_position.len()];
-                            for &length in *lengths {
-                                counts[sort_key(length, k)] += 1;
-                            }
-                            counts
-                        })
-                        .collect()
-                } else {
-                    Vec::new() // too many keys to keep per chunk: one sequential stream
-                };
-                let mut by_segment = zeroed_vec!(u32, n);
-                if histograms.len() != chunks.len() || chunks.len() <= 1 {
-                    walk(
-                        &segments.lengths,
-                        first_position.clone(),
-                        &bin_of,
-                        k,
-                        &mut by_segment,
-                    );
-                    return by_segment;
-                }
-                let mut next = first_position.clone();
-                let mut chunk_starts = Vec::with_capacity(chunks.len());
-                for counts in &histograms {
-                    chunk_starts.push(next.clone());
-                    for (position, count) in next.iter_mut().zip(counts) {
-                        *position += count;
-                    }
-                }
+                let mut by_segment = zeroed_vec!(u32, segments.len());
                 by_segment
-                    .par_chunks_mut(chunk)
-                    .zip(chunks.par_iter())
-                    .zip(chunk_starts.into_par_iter())
-                    .for_each(|((out, lengths), next)| walk(lengths, next, &bin_of, k, out));
+                    .par_chunks_mut(*chunk_len)
+                    .zip(segments.lengths.par_chunks(*chunk_len))
+                    .zip(chunk_starts.par_iter())
+                    .for_each(|((out, lengths), next)| {
+                        walk(lengths, next.clone(), &bin_of, k, out);
+                    });
                 by_segment
             }
         }

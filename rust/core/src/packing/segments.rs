@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::options::{Oversize, PackOptions};
-use crate::buffers::with_capacity_huge;
+use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 
 /// An integer length type accepted from callers (numpy int32 or int64 arrays).
@@ -118,7 +118,33 @@ impl Scan {
         }
     }
 
-    fn of<L: Length>(values: &[L], offset: usize, capacity: u64) -> Self {
+    /// Scan `values` (input indices from `offset`) and write each length, capped at the
+    /// capacity, to `capped`: what the packing reads when no sequence is split or dropped.
+    fn of<L: Length>(values: &[L], offset: usize, capacity: u64, capped: &mut [u32]) -> Self {
+        // The common case in one loop without branches (it vectorizes): the sum, with a
+        // flag for wrapping, and the extremes, which say whether anything needs a look.
+        let (mut total, mut wrapped) = (0u64, false);
+        let (mut smallest, mut largest) = (i64::MAX, 0i64);
+        for (slot, &value) in capped.iter_mut().zip(values) {
+            let length = value.to_i64();
+            smallest = smallest.min(length);
+            largest = largest.max(length);
+            let (sum, carry) = total.overflowing_add(length as u64);
+            total = sum;
+            wrapped |= carry;
+            *slot = (length as u64).min(capacity) as u32;
+        }
+        if smallest >= 0 && largest as u64 <= capacity && !wrapped {
+            return Scan {
+                total: Some(total),
+                ..Scan::empty()
+            };
+        }
+        Self::with_exceptions(values, offset, capacity)
+    }
+
+    /// The scan of lengths some of which are negative, oversize or sum beyond `u64`.
+    fn with_exceptions<L: Length>(values: &[L], offset: usize, capacity: u64) -> Self {
         let mut scan = Scan::empty();
         for (i, &value) in values.iter().enumerate() {
             let length = value.to_i64();
@@ -156,6 +182,105 @@ impl Scan {
     }
 }
 
+/// What the oversize policy made of one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// It fits: one segment, the whole sequence.
+    Whole,
+    /// Cut to the capacity; `removed` tokens left out.
+    Truncated { removed: u64 },
+    /// Cut into `pieces` segments of at most the capacity.
+    Split { pieces: u64 },
+    /// Left out.
+    Dropped,
+}
+
+impl Fate {
+    /// Segments the sequence became.
+    pub fn segments(self) -> u64 {
+        match self {
+            Fate::Whole | Fate::Truncated { .. } => 1,
+            Fate::Split { pieces } => pieces,
+            Fate::Dropped => 0,
+        }
+    }
+}
+
+impl PolicyCounts {
+    /// Count what the policy did to one sequence of `length` tokens.
+    pub fn record(&mut self, fate: Fate, length: u64) {
+        match fate {
+            Fate::Whole => {}
+            Fate::Truncated { removed } => {
+                self.truncated_seqs += 1;
+                self.truncated_tokens += removed;
+            }
+            Fate::Split { pieces } => {
+                self.split_seqs += 1;
+                self.split_pieces += pieces;
+            }
+            Fate::Dropped => {
+                self.dropped_seqs += 1;
+                self.dropped_tokens += length;
+            }
+        }
+    }
+}
+
+/// Apply the oversize policy to sequence `index` of `length` tokens: hand each segment it
+/// becomes to `emit(start, length)`, in token order, and say what happened. This is the
+/// one place that splits, truncates, drops or refuses a sequence: packing and the stream
+/// packer both go through it.
+pub fn place_sequence(
+    index: usize,
+    length: u64,
+    options: &PackOptions,
+    mut emit: impl FnMut(u64, u64),
+) -> Result<Fate> {
+    let capacity = options.capacity();
+    if length <= capacity {
+        emit(0, length);
+        return Ok(Fate::Whole);
+    }
+    match options.oversize {
+        Oversize::Error => Err(oversize_error(index, length as i64, options)),
+        Oversize::Truncate => {
+            emit(0, capacity);
+            Ok(Fate::Truncated {
+                removed: length - capacity,
+            })
+        }
+        Oversize::Split => {
+            let mut count = 0;
+            for (start, piece) in pieces(length, capacity) {
+                emit(start, piece);
+                count += 1;
+            }
+            Ok(Fate::Split { pieces: count })
+        }
+        Oversize::Drop => Ok(Fate::Dropped),
+    }
+}
+
+/// The error for sequence `index` of `length` tokens under `oversize="error"`.
+fn oversize_error(index: usize, length: i64, options: &PackOptions) -> Error {
+    let capacity = options.capacity();
+    let detail = if capacity < options.max_tokens {
+        format!(
+            " (at most {capacity} with pad_to_multiple_of={})",
+            options.pad_to_multiple_of
+        )
+    } else {
+        String::new()
+    };
+    Error::Oversize {
+        index,
+        length,
+        max_tokens: options.max_tokens,
+        detail,
+    }
+}
+
 /// Validate `lengths` and apply the oversize policy.
 pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segments> {
     if lengths.len() >= u32::MAX as usize {
@@ -166,10 +291,15 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
         )));
     }
     let capacity = options.capacity();
+    // Capped lengths are written during the scan: they are the segments' lengths unless
+    // something is split or dropped (then they are thrown away). A zeroed allocation is
+    // mapped lazily, so each page is touched once, by the write.
+    let mut capped = zeroed_vec!(u32, lengths.len());
     let scan = lengths
         .par_chunks(SCAN_CHUNK)
+        .zip(capped.par_chunks_mut(SCAN_CHUNK))
         .enumerate()
-        .map(|(chunk, values)| Scan::of(values, chunk * SCAN_CHUNK, capacity))
+        .map(|(chunk, (values, capped))| Scan::of(values, chunk * SCAN_CHUNK, capacity, capped))
         .reduce(Scan::empty, Scan::merge);
     let refused = scan
         .first_oversize
@@ -182,20 +312,7 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
             )));
         }
         (_, Some(index)) => {
-            let detail = if capacity < options.max_tokens {
-                format!(
-                    " (at most {capacity} with pad_to_multiple_of={})",
-                    options.pad_to_multiple_of
-                )
-            } else {
-                String::new()
-            };
-            return Err(Error::Oversize {
-                index,
-                length: lengths[index].to_i64(),
-                max_tokens: options.max_tokens,
-                detail,
-            });
+            return Err(oversize_error(index, lengths[index].to_i64(), options));
         }
         _ => {}
     }
@@ -230,14 +347,8 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
             counts.truncated_seqs = n_oversize;
             counts.truncated_tokens = scan.excess_tokens;
         }
-        let mut lengths_u32 = with_capacity_huge(lengths.len());
-        lengths_u32.par_extend(
-            lengths
-                .par_iter()
-                .map(|&value| (value.to_i64() as u64).min(capacity) as u32),
-        );
         return Ok(Segments {
-            lengths: lengths_u32,
+            lengths: capped,
             sequence: None,
             starts: None,
             counts,
@@ -252,26 +363,17 @@ pub fn segment<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Segmen
     } else {
         0
     });
+    let split = options.oversize == Oversize::Split;
     for (index, &value) in lengths.iter().enumerate() {
         let length = value.to_i64() as u64;
-        if length <= capacity {
-            seg_lengths.push(length as u32);
+        let fate = place_sequence(index, length, options, |start, piece| {
+            seg_lengths.push(piece as u32);
             seg_sequence.push(index as u32);
-            if options.oversize == Oversize::Split {
-                seg_starts.push(0);
-            }
-        } else if options.oversize == Oversize::Drop {
-            counts.dropped_seqs += 1;
-            counts.dropped_tokens += length;
-        } else {
-            counts.split_seqs += 1;
-            for (start, piece) in pieces(length, capacity) {
-                seg_lengths.push(piece as u32);
-                seg_sequence.push(index as u32);
+            if split {
                 seg_starts.push(start);
-                counts.split_pieces += 1;
             }
-        }
+        })?;
+        counts.record(fate, length);
     }
     Ok(Segments {
         lengths: seg_lengths,

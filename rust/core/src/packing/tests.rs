@@ -254,7 +254,11 @@ proptest! {
         let n: usize = runs.iter().map(|&(_, count)| count as usize).sum();
         let costs = || runs.iter().flat_map(|&(cost, count)| std::iter::repeat_n(cost, count as usize));
         let (bulk, single) = if algorithm == "bfd" {
-            (assign::best_fit_runs(&runs, n, &opts), assign::best_fit(costs(), n, &opts))
+            let index = || assign::best_fit_index(n, &opts);
+            (
+                assign::best_fit_runs(index(), &runs, n, &opts),
+                assign::best_fit(index(), costs(), n, &opts),
+            )
         } else {
             (assign::first_fit_runs(&runs, n, &opts), assign::first_fit(costs(), n, &opts))
         };
@@ -276,4 +280,86 @@ fn equal_costs_keep_input_order_above_the_counting_sort_range() {
     let input = [131i64, 33_667, 33_282];
     let opts = PackOptions::new(2_204_803_583, None, 1_090_536_703, "error", "ffd", 0).unwrap();
     assert_eq!(pack(&input, &opts).unwrap().indices, vec![0, 1, 2]);
+}
+
+/// The packing of `lengths` with the offer order `order` makes of its segments.
+fn pack_in_order(
+    lengths: &[i64],
+    opts: &PackOptions,
+    order: fn(&segments::Segments, &PackOptions) -> OfferOrder,
+) -> Packing {
+    let segments = segments::segment(lengths, opts).unwrap();
+    let order = order(&segments, opts);
+    let assignment = order.assign(&segments, opts);
+    finish(segments, &order, assignment, opts, None)
+}
+
+#[test]
+fn a_large_budget_costs_time_and_memory_of_the_input_not_the_budget() {
+    // The dense index and the counting sort would need hundreds of megabytes here; the
+    // sparse ones hold a handful of entries. Both checked for equal results below.
+    let opts = options(16_777_216, None, 1, "error", "bfd");
+    assert!(matches!(
+        assign::best_fit_index(3, &opts),
+        capacity_index::BestFitIndex::Ordered(_)
+    ));
+    let segments = segments::segment(&[5i64, 7, 9], &opts).unwrap();
+    assert!(matches!(
+        OfferOrder::decreasing_cost(&segments, &opts),
+        OfferOrder::Permutation(_)
+    ));
+    let packing = pack(&[5i64, 7, 9], &opts).unwrap();
+    assert_eq!(packing.bin_offsets, vec![0, 3]);
+    // Many segments under an ordinary budget keep the dense structures.
+    let opts = options(8192, None, 1, "error", "bfd");
+    assert!(matches!(
+        assign::best_fit_index(100_000, &opts),
+        capacity_index::BestFitIndex::Buckets { .. }
+    ));
+}
+
+proptest! {
+    #[test]
+    fn dense_and_sparse_best_fit_indexes_give_the_same_bins(
+        costs in prop::collection::vec(0u64..=300, 0..300),
+        max_seqs in prop::option::of(1i64..6),
+    ) {
+        let opts = options(300, max_seqs, 1, "error", "bfd");
+        let n = costs.len();
+        let dense = assign::best_fit(
+            capacity_index::BestFitIndex::dense(300), costs.iter().copied(), n, &opts);
+        let sparse = assign::best_fit(
+            capacity_index::BestFitIndex::sparse(), costs.iter().copied(), n, &opts);
+        prop_assert_eq!(&dense.bin_of, &sparse.bin_of);
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        let mut sorted = costs.clone();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        for cost in sorted {
+            match runs.last_mut() {
+                Some((last, count)) if *last == cost => *count += 1,
+                _ => runs.push((cost, 1)),
+            }
+        }
+        let dense = assign::best_fit_runs(capacity_index::BestFitIndex::dense(300), &runs, n, &opts);
+        let sparse = assign::best_fit_runs(capacity_index::BestFitIndex::sparse(), &runs, n, &opts);
+        prop_assert_eq!(dense.bin_of, sparse.bin_of);
+    }
+
+    #[test]
+    fn counting_and_comparison_orders_give_the_same_packing(
+        input in prop::collection::vec(prop_oneof![0i64..40, 0i64..3000], 0..300),
+        max_tokens in 1i64..3000,
+        max_seqs in prop::option::of(1i64..6),
+        k in 1i64..9,
+        oversize in prop::sample::select(vec!["truncate", "split", "drop"]),
+        algorithm in prop::sample::select(vec!["bfd", "ffd"]),
+    ) {
+        prop_assume!(k <= max_tokens);
+        let opts = options(max_tokens, max_seqs, k, oversize, algorithm);
+        let counted = pack_in_order(&input, &opts, OfferOrder::decreasing_cost_by_counting);
+        let compared = pack_in_order(&input, &opts, OfferOrder::decreasing_cost_by_comparison);
+        check_invariants(&input, &counted, &opts);
+        prop_assert_eq!(&counted, &compared);
+        prop_assert_eq!(&counted, &pack(&input, &opts).unwrap());
+    }
 }
