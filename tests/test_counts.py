@@ -7,7 +7,7 @@ import pytest
 
 import tokenbatch as tb
 from tokenbatch import schedule
-from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
+from tokenbatch.errors import InvalidTypeError, TokenBatchOverflowError
 
 
 def test_schedules_take_token_counts_written_as_floats() -> None:
@@ -29,16 +29,16 @@ def test_schedules_take_token_counts_written_as_floats() -> None:
 
 @pytest.mark.parametrize("value", [469e9 + 0.5, 0.5, float("nan"), float("inf"), -float("inf")])
 def test_fractional_counts_are_refused_with_their_value(value: float) -> None:
-    with pytest.raises(InvalidValueError, match=r"ramp_tokens must be a whole number, got"):
+    with pytest.raises(InvalidTypeError, match=r"ramp_tokens must be an integer, got"):
         schedule.LinearRamp(3072, 15360, value)
-    with pytest.raises(InvalidValueError, match=repr(float(value)).replace("+", r"\+")):
+    with pytest.raises(InvalidTypeError, match=repr(float(value)).replace("+", r"\+")):
         schedule.LinearRamp(3072, 15360, value)
 
 
 def test_scaling_recommend_takes_float_token_counts() -> None:
     advice = tb.scaling.recommend(1e9, 100e9)
     assert advice.batch_tokens == tb.scaling.recommend(10**9, 100 * 10**9).batch_tokens
-    with pytest.raises(InvalidValueError, match=r"tokens must be a whole number, got 1000000\.5"):
+    with pytest.raises(InvalidTypeError, match=r"tokens must be an integer, got 1000000\.5"):
         tb.scaling.recommend(1e9, 1e6 + 0.5)
 
 

@@ -85,7 +85,8 @@ def as_int(value: Any, name: str, *, minimum: int | None = None) -> int:
 
     Integers (not bools) are taken as they are, and so are floats that hold a whole
     number, because papers and configs write token counts that way (``469e9``); a
-    fractional, NaN or infinite float is refused with its value. Arrays of lengths go
+    fractional, NaN or infinite float is refused with its value (``InvalidTypeError``, as
+    any other non-integer). Arrays of lengths go
     through :func:`as_lengths`, which keeps refusing floats.
     """
     result = as_whole(value, name)
@@ -108,7 +109,9 @@ def as_whole(value: Any, name: str) -> int:
     """Return an integer, or a float holding a whole number, as a Python int of any size."""
     if isinstance(value, (float, np.floating)):
         if not math.isfinite(value) or not float(value).is_integer():
-            raise InvalidValueError(f"{name} must be a whole number, got {float(value)!r}")
+            raise InvalidTypeError(
+                f"{name} must be an integer, got {float(value)!r} (not a whole number)"
+            )
         return int(value)
     return as_int_unbounded(value, name)
 

@@ -101,8 +101,8 @@ fn is_float(value: &Bound<'_, PyAny>) -> bool {
 /// A float holding a whole number in the signed 64-bit range, as that integer.
 fn whole(x: f64, name: &str) -> PyResult<i64> {
     if !x.is_finite() || x.fract() != 0.0 {
-        return Err(invalid_value(format!(
-            "{name} must be a whole number, got {x:?}"
+        return Err(invalid_type(format!(
+            "{name} must be an integer, got {x:?} (not a whole number)"
         )));
     }
     // 2^63 is exactly representable; every whole float below it fits in i64.
