@@ -7,8 +7,8 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tokenbatch_core::memory::{
-    estimate_grid, estimate_one, FfnType, GridInput, Layout, ModelSpec, NormType, N_LAYOUT_FIELDS,
-    N_OUTPUT_FIELDS,
+    estimate_grid, estimate_one, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType,
+    Values, N_LAYOUT_FIELDS, N_OUTPUT_FIELDS,
 };
 use tokenbatch_fuzz::Count;
 
@@ -17,6 +17,7 @@ struct Spec {
     sizes: [Count; 21],
     gelu: bool,
     layernorm: bool,
+    hf: bool,
     flags: [bool; 4],
 }
 
@@ -56,6 +57,14 @@ impl Spec {
             qk_nope_head_dim: s[15],
             qk_rope_head_dim: s[16],
             v_head_dim: s[17],
+            router_groups: s[18],
+            router_group_top_k: s[19],
+            mtp_layers: s[20],
+            implementation: if self.hf {
+                Implementation::Hf
+            } else {
+                Implementation::Fused
+            },
         }
     }
 }
@@ -81,6 +90,8 @@ struct Field {
     strides: Vec<Stride>,
     /// One stride too many for the grid's rank.
     wrong_rank: bool,
+    /// Pass the values as int64 (saturated), as numpy integer inputs arrive.
+    integers: bool,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -93,6 +104,9 @@ struct Case {
     missing_input: bool,
 }
 
+/// One input's values as float64 (and as int64 when passed so) and its strides.
+type Buffers = (Vec<f64>, Option<Vec<i64>>, Vec<usize>);
+
 fuzz_target!(|case: Case| {
     let spec = case.spec.build();
     let shape: Vec<usize> = case
@@ -102,12 +116,12 @@ fuzz_target!(|case: Case| {
         .map(|&n| usize::from(n % 5))
         .collect();
     let defaults = Layout::default().to_values();
-    let fields: Vec<(Vec<f64>, Vec<usize>)> = (0..N_LAYOUT_FIELDS)
+    let fields: Vec<Buffers> = (0..N_LAYOUT_FIELDS)
         .map(|f| {
             let Some(field) = case.fields.get(f) else {
-                return (vec![defaults[f]], vec![0; shape.len()]);
+                return (vec![defaults[f]], None, vec![0; shape.len()]);
             };
-            let values = field
+            let values: Vec<f64> = field
                 .values
                 .iter()
                 .map(|v| match *v {
@@ -116,6 +130,9 @@ fuzz_target!(|case: Case| {
                     Value::Any(x) => x,
                 })
                 .collect();
+            let integers = field
+                .integers
+                .then(|| values.iter().map(|&x| x as i64).collect());
             let rank = shape.len() + usize::from(field.wrong_rank);
             let strides = (0..rank)
                 .map(
@@ -126,13 +143,16 @@ fuzz_target!(|case: Case| {
                     },
                 )
                 .collect();
-            (values, strides)
+            (values, integers, strides)
         })
         .collect();
     let count = N_LAYOUT_FIELDS - usize::from(case.missing_input);
     let inputs: Vec<GridInput<'_>> = fields[..count]
         .iter()
-        .map(|(data, strides)| GridInput { data, strides })
+        .map(|(floats, integers, strides)| GridInput {
+            data: integers.as_deref().map_or(Values::F64(floats), Values::I64),
+            strides,
+        })
         .collect();
 
     let cells: usize = shape.iter().product();
@@ -174,7 +194,9 @@ fuzz_target!(|case: Case| {
         }
         let mut values = [0.0; N_LAYOUT_FIELDS];
         for (value, input) in values.iter_mut().zip(&inputs) {
-            *value = input.data[offset(input.strides, &index).unwrap_or(usize::MAX)];
+            *value = input
+                .data
+                .get(offset(input.strides, &index).unwrap_or(usize::MAX));
         }
         let got: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|k| table.field(k)[cell]).collect();
         match estimate_one(&spec, &Layout::from_values(&values)) {
