@@ -555,10 +555,17 @@ impl<'a> Config<'a> {
             };
             tokens * (acts.mtp_inputs() + layer + acts.head() + loss_per_token) + fixed
         };
-        let comm = if korthikanti {
+        let per_token = if korthikanti {
             0.0
         } else {
-            tokens * acts.comm_buffers(l.ep, l.cp, CpComm::from_code(l.cp_comm))
+            acts.comm_buffers(l.ep, l.cp, CpComm::from_code(l.cp_comm))
+        };
+        // No buffer is no bytes, even for a token count that overflowed to infinity
+        // (infinity x 0 would make the whole estimate NaN).
+        let comm = if per_token == 0.0 {
+            0.0
+        } else {
+            tokens * per_token
         };
         let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
         let (mtp_dense, mtp_experts) = prep.mtp_layer.per_rank(t, l.ep, kv_fraction);

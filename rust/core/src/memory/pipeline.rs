@@ -89,6 +89,15 @@ impl StageLayers {
         if pp == 0 || vpp == 0 {
             return None;
         }
+        // Every size a split holds fits in 12 bits (see `build`), so no split exists for
+        // larger arguments; refusing them here keeps the arithmetic below from overflowing.
+        const MAX_LAYERS: u64 = (SIZE_MASK + 1) * (SIZE_MASK + 1) * (SIZE_MASK + 1);
+        if pp > SIZE_MASK
+            || vpp > SIZE_MASK
+            || [num_layers, first, last].iter().any(|&n| n > MAX_LAYERS)
+        {
+            return None;
+        }
         if first > 0 || last > 0 {
             if split != PipelineSplit::Even || pp == 1 {
                 return None;

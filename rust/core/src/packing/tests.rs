@@ -267,6 +267,21 @@ proptest! {
     }
 }
 
+#[test]
+fn equal_costs_keep_input_order_above_the_counting_sort_range() {
+    // A budget beyond the counting sort's keys takes the comparison sort. With a multiple,
+    // lengths 131, 33,667 and 33,282 all cost one multiple: they must be offered by index
+    // (the documented order), not by raw length. Found by the `batch_padded` fuzz target.
+    let opts = PackOptions::new(2_204_803_583, Some(30), 1_090_536_703, "error", "bfd", 0).unwrap();
+    let input = [131i64, 33_667, 0, 33_282];
+    let padded = batch_padded(&input, &opts).unwrap();
+    assert_eq!(padded.bin_offsets, vec![0, 2, 4]);
+    assert_eq!(padded.indices, vec![0, 1, 2, 3]);
+    let input = [131i64, 33_667, 33_282];
+    let opts = PackOptions::new(2_204_803_583, None, 1_090_536_703, "error", "ffd", 0).unwrap();
+    assert_eq!(pack(&input, &opts).unwrap().indices, vec![0, 1, 2]);
+}
+
 /// The packing of `lengths` with the offer order `order` makes of its segments.
 fn pack_in_order(
     lengths: &[i64],
