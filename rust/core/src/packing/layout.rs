@@ -11,6 +11,7 @@
 //! 80 MB arrays by a wide margin. The buckets wait in the outputs themselves, so the
 //! layout needs no memory beyond them.
 
+use super::assign::BinTotals;
 use super::options::PackOptions;
 use super::segments::Segments;
 use super::Packing;
@@ -22,39 +23,28 @@ use crate::buffers::zeroed_vec;
 /// outputs fit a core's L2 cache).
 const WINDOW: usize = 1 << 15;
 
-/// The packing of `segments` into `n_bins` bins, segment `i` going to `bin_of_segment[i]`.
+/// The packing of `segments` into `bins`, segment `i` going to bin `bin_of_segment[i]`.
 pub fn build(
     mut segments: Segments,
     bin_of_segment: Vec<u32>,
-    n_bins: usize,
+    bins: BinTotals,
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
 ) -> Packing {
     let n = segments.len();
     let counts = std::mem::take(&mut segments.counts);
-    let (bin_offsets, (indices, lengths, starts)) = if n <= DIRECT_SCATTER_MAX {
-        let bin_offsets = offsets_of(&bin_of_segment, n_bins);
-        let outputs = scatter_direct(&segments, &bin_of_segment, &bin_offsets);
-        (bin_offsets, outputs)
+    let bin_offsets = offsets_of(&bins.sizes);
+    let (indices, lengths, starts) = if n <= DIRECT_SCATTER_MAX {
+        scatter_direct(&segments, &bin_of_segment, &bin_offsets)
     } else {
-        scatter_bucketed(&segments, &bin_of_segment, n_bins, options.capacity())
+        scatter_bucketed(&segments, &bin_of_segment, &bin_offsets, options.capacity())
     };
-
-    let mut bin_tokens: Vec<i64> = bin_offsets
-        .par_windows(2)
-        .map(|w| {
-            lengths[w[0] as usize..w[1] as usize]
-                .iter()
-                .map(|&length| options.cost(length as u64) as i64)
-                .sum()
-        })
+    let segment_cost = bins.costs.iter().sum();
+    let bin_tokens = padded_cost
+        .unwrap_or(bins.costs)
+        .into_iter()
+        .map(|cost| cost as i64)
         .collect();
-    let segment_cost = bin_tokens.iter().map(|&t| t as u64).sum();
-    if let Some(padded_cost) = padded_cost {
-        for (tokens, cost) in bin_tokens.iter_mut().zip(padded_cost) {
-            *tokens = cost as i64;
-        }
-    }
     Packing {
         bin_offsets,
         indices,
@@ -72,14 +62,14 @@ const DIRECT_SCATTER_MAX: usize = 1 << 20;
 
 type Outputs = (Vec<i64>, Vec<i64>, Vec<i64>);
 
-/// `n_bins + 1` offsets of the bins' segments, from the bin of each segment.
-fn offsets_of(bin_of_segment: &[u32], n_bins: usize) -> Vec<i64> {
-    let mut bin_offsets = vec![0i64; n_bins + 1];
-    for &bin in bin_of_segment {
-        bin_offsets[bin as usize + 1] += 1;
-    }
-    for i in 0..n_bins {
-        bin_offsets[i + 1] += bin_offsets[i];
+/// `n_bins + 1` offsets of the bins' segments, from the number of segments in each.
+fn offsets_of(sizes: &[u32]) -> Vec<i64> {
+    let mut bin_offsets = Vec::with_capacity(sizes.len() + 1);
+    let mut offset = 0i64;
+    bin_offsets.push(offset);
+    for &size in sizes {
+        offset += i64::from(size);
+        bin_offsets.push(offset);
     }
     bin_offsets
 }
@@ -126,10 +116,11 @@ fn scatter_direct(segments: &Segments, bin_of_segment: &[u32], bin_offsets: &[i6
 fn scatter_bucketed(
     segments: &Segments,
     bin_of_segment: &[u32],
-    n_bins: usize,
+    bin_offsets: &[i64],
     capacity: u64,
-) -> (Vec<i64>, Outputs) {
+) -> Outputs {
     let n = segments.len();
+    let n_bins = bin_offsets.len() - 1;
     // One chunk per thread, while the per-chunk counts (4 bytes per bin) stay within
     // 4 bytes per segment.
     let chunks = rayon::current_num_threads().min(n / n_bins.max(1)).max(1);
@@ -147,10 +138,8 @@ fn scatter_bucketed(
         .collect();
     let windows = n.div_ceil(WINDOW);
     let mut arrivals = vec![vec![0usize; windows]; cursors.len()];
-    let mut bin_offsets = Vec::with_capacity(n_bins + 1);
-    let mut slot = 0usize;
-    for bin in 0..n_bins {
-        bin_offsets.push(slot as i64);
+    for (bin, &offset) in bin_offsets[..n_bins].iter().enumerate() {
+        let mut slot = offset as usize;
         for (cursor, arrivals) in cursors.iter_mut().zip(arrivals.iter_mut()) {
             let count = cursor[bin] as usize;
             cursor[bin] = slot as u32;
@@ -164,8 +153,8 @@ fn scatter_bucketed(
                 first = end;
             }
         }
+        debug_assert_eq!(slot as i64, bin_offsets[bin + 1]);
     }
-    bin_offsets.push(slot as i64);
 
     let mut indices = zeroed_vec!(i64, n);
     let mut lengths = zeroed_vec!(i64, n);
@@ -239,7 +228,7 @@ fn scatter_bucketed(
             }
         },
     );
-    (bin_offsets, (indices, lengths, starts))
+    (indices, lengths, starts)
 }
 
 /// Each chunk's part of every window of `array`, where its arrivals wait in pass 1 of
@@ -366,10 +355,8 @@ mod tests {
                         .num_threads(threads)
                         .build()
                         .unwrap();
-                    let n_bins = offsets.len() - 1;
-                    let (bucketed_offsets, bucketed) =
-                        pool.install(|| scatter_bucketed(&segments, &bin_of, n_bins, capacity));
-                    assert_eq!(bucketed_offsets, offsets);
+                    let bucketed =
+                        pool.install(|| scatter_bucketed(&segments, &bin_of, &offsets, capacity));
                     assert_eq!(direct, bucketed, "{threads} threads");
                 }
             }

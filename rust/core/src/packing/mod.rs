@@ -100,7 +100,7 @@ fn finish(
     layout::build(
         segments,
         bin_of_segment,
-        assignment.n_bins,
+        assignment.bins,
         options,
         padded_cost,
     )
