@@ -96,14 +96,8 @@ fn finish(
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
 ) -> Packing {
-    let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
-    layout::build(
-        segments,
-        bin_of_segment,
-        assignment.bins,
-        options,
-        padded_cost,
-    )
+    let bins = order.segment_bins(&segments, options, assignment.bin_of);
+    layout::build(&segments, bins, assignment.bins, options, padded_cost)
 }
 
 #[cfg(test)]
