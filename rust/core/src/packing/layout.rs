@@ -15,7 +15,7 @@ use super::assign::BinTotals;
 use super::options::PackOptions;
 use super::order::SegmentBins;
 use super::segments::Segments;
-use super::Packing;
+use super::{Packing, Starts};
 use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
@@ -52,7 +52,11 @@ pub fn build(
     Packing {
         bin_offsets,
         indices,
-        starts,
+        starts: if segments.starts.is_some() {
+            starts.into()
+        } else {
+            Starts::zeros(n)
+        },
         lengths,
         bin_tokens,
         counts: segments.counts.clone(),
@@ -91,7 +95,12 @@ fn scatter_direct(segments: &Segments, bin_of_segment: &[u32], bin_offsets: &[i6
     let n = segments.len();
     let mut indices = zeroed_vec!(i64, n);
     let mut lengths = zeroed_vec!(i64, n);
-    let mut starts = vec![0i64; n]; // lazily mapped: touched only if something split
+    let split = segments.starts.is_some();
+    let mut starts = if split {
+        zeroed_vec!(i64, n)
+    } else {
+        Vec::new()
+    };
     let mut cursor = cursor_at_bin_starts(bin_offsets);
     for (id, &bin) in bin_of_segment.iter().enumerate() {
         let next_slot = &mut cursor[bin as usize];
@@ -147,9 +156,12 @@ fn scatter_bucketed(
         .collect();
     let mut indices = zeroed_vec!(i64, n);
     let mut lengths = zeroed_vec!(i64, n);
-    // Zeroed allocations are mapped lazily: `starts` costs nothing unless something split.
-    let mut starts = vec![0i64; n];
     let split = segments.starts.is_some();
+    let mut starts = if split {
+        zeroed_vec!(i64, n)
+    } else {
+        Vec::new()
+    };
     let entry = Entry::new(segments, shift, capacity);
     let in_bucket = (1u32 << shift) - 1;
     // Pass 1: a segment waits in its bucket as an `Entry` in `indices`, its length in

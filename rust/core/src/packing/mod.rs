@@ -32,7 +32,7 @@ pub struct Packing {
     /// Input sequence of each segment.
     pub indices: Vec<i64>,
     /// Token offset of each segment inside its sequence (0 unless split).
-    pub starts: Vec<i64>,
+    pub starts: Starts,
     /// Tokens of each segment.
     pub lengths: Vec<i64>,
     /// Budget cost of each bin: tokens rounded up to the multiple, or `count x longest`
@@ -42,6 +42,55 @@ pub struct Packing {
     pub counts: PolicyCounts,
     /// Sum over segments of their individual costs (for the lower bound).
     pub segment_cost: u64,
+}
+
+/// The token offsets of the segments of a packing: their own array when some sequence was
+/// split, else shared read-only zeros (no memory to clear or hold per packing). Reads as
+/// a slice either way.
+#[derive(Clone)]
+pub enum Starts {
+    /// Offsets written by the packing.
+    Owned(Vec<i64>),
+    /// All zero.
+    Zeros(&'static [i64]),
+}
+
+impl Starts {
+    /// `n` zero offsets.
+    pub fn zeros(n: usize) -> Self {
+        crate::buffers::shared_zeros(n).map_or_else(|| Self::Owned(vec![0; n]), Self::Zeros)
+    }
+}
+
+impl From<Vec<i64>> for Starts {
+    fn from(starts: Vec<i64>) -> Self {
+        Self::Owned(starts)
+    }
+}
+
+impl std::ops::Deref for Starts {
+    type Target = [i64];
+
+    fn deref(&self) -> &[i64] {
+        match self {
+            Self::Owned(starts) => starts,
+            Self::Zeros(zeros) => zeros,
+        }
+    }
+}
+
+impl PartialEq for Starts {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Starts {}
+
+impl std::fmt::Debug for Starts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
 }
 
 impl Packing {
