@@ -144,7 +144,9 @@ fn scatter_bucketed(
             (end - first) as usize
         })
         .collect();
-    let chunks = bin_of.chunks(rayon::current_num_threads());
+    // Several chunks per thread, so that a thread that falls behind (on a busy machine)
+    // leaves its other chunks to the rest.
+    let chunks = bin_of.chunks(4 * rayon::current_num_threads());
     // Segments of each chunk per bucket.
     let arrivals: Vec<Vec<usize>> = chunks
         .par_iter()

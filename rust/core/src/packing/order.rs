@@ -103,8 +103,10 @@ impl OfferOrder {
         let k = options.pad_to_multiple_of;
         let keys = (options.capacity() / k) as usize + 1;
         let n = segments.len();
-        // One chunk per thread, if the histograms stay small; else one chunk.
-        let chunk_len = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
+        // Four chunks per thread (the layout reads its chunks in parallel too, and on a
+        // busy machine a thread that falls behind leaves its other chunks to the rest), if
+        // the histograms stay small; else one chunk.
+        let chunk_len = n.div_ceil(4 * rayon::current_num_threads()).max(1 << 16);
         let chunk_len = if n.div_ceil(chunk_len) * keys <= 1 << 22 {
             chunk_len
         } else {
