@@ -1,6 +1,7 @@
-"""Memory-estimate throughput: the Rust grid against a Python loop over estimate_memory.
+"""Memory-estimate throughput: the Rust grid, broadcast and as a list of scattered
+configurations of the same size, against a Python loop over estimate_memory.
 
-Run: pytest benches/bench_memory.py --benchmark-only
+Run: pytest benches/bench_memory.py --benchmark-enable
 """
 
 from __future__ import annotations
@@ -30,10 +31,31 @@ def _grid_params(cells: int) -> dict[str, Any]:
     }
 
 
+def _scattered_params(cells: int) -> dict[str, Any]:
+    """``cells`` independent candidate layouts: every input is its own column, each drawn
+    from the values of the broadcast sweep, so a cell costs what a broadcast cell costs on
+    average, but nothing repeats along an axis."""
+    rng = np.random.default_rng(0)
+    broadcast = _grid_params(cells)
+    columns = {
+        name: rng.choice(np.ravel(values), cells)
+        for name, values in broadcast.items()
+        if name != "sequence_parallel"
+    }
+    return {**columns, "sequence_parallel": rng.integers(0, 2, cells).astype(bool)}
+
+
 def test_grid_one_million(benchmark: Any) -> None:
     params = _grid_params(1_000_000)
     grid = benchmark(estimate_memory_grid, SPEC, **params)
     assert grid.size >= 1_000_000
+    assert grid.valid.any()
+
+
+def test_grid_one_million_scattered(benchmark: Any) -> None:
+    params = _scattered_params(1_013_760)
+    grid = benchmark(estimate_memory_grid, SPEC, **params)
+    assert grid.shape == (1_013_760,)
     assert grid.valid.any()
 
 

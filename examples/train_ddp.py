@@ -319,6 +319,20 @@ def make_loader(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup()
+    try:
+        train(args, rank, world, device)
+    finally:
+        # The model, its DDP wrapper and the loader are gone once ``train`` returns: a
+        # process group destroyed while DDP's reducer still holds it can abort the
+        # process at exit ("terminate called without an active exception").
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    return 0
+
+
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> None:
+    """Train for the epochs asked, logging each step; checkpoint and resume as asked."""
     if args.device == "cpu":
         device = torch.device("cpu")
     lengths = document_lengths(args.distribution, args.num_seqs, args.max_length, args.seed)
@@ -431,10 +445,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("summary " + json.dumps(summary), flush=True)
     if log is not None:
         log.close()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    return 0
 
 
 def save_checkpoint(

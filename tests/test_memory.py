@@ -26,6 +26,7 @@ from tokenbatch import (
 )
 from tokenbatch.cli import main
 from tokenbatch.cli.memory_command import parse_size
+from tokenbatch.memory import estimate_memory_stages
 
 GIB = 1024**3
 LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
@@ -39,7 +40,7 @@ LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
         ("llama-3.1-405b", 405_853_388_800, 405_853_388_800),
         ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),
         ("qwen2.5-7b", 7_615_616_512, 7_615_616_512),
-        ("deepseek-v3", 671_026_419_200, 37_552_297_472),
+        ("deepseek-v3", 671_026_404_352, 37_552_282_624),
         ("gpt3-175b", 174_604_259_328, 174_604_259_328),
     ],
 )
@@ -101,7 +102,7 @@ def test_from_hf_config_reads_dicts_files_and_directories(tmp_path: Path) -> Non
         "vocab_size": 129280,
         "topk_method": "noaux_tc",
     }
-    assert ModelSpec.from_hf_config(deepseek).num_params() == 671_026_419_200
+    assert ModelSpec.from_hf_config(deepseek).num_params() == 671_026_404_352
     with pytest.raises(InvalidValueError, match="model_type"):
         ModelSpec.from_hf_config({**LLAMA_CONFIG, "model_type": "bert"})
     incomplete = {k: v for k, v in LLAMA_CONFIG.items() if k != "intermediate_size"}
@@ -146,6 +147,45 @@ def test_explain_names_every_component() -> None:
     assert sum(estimate.activation_parts.values()) == pytest.approx(estimate.activations, abs=8)
 
 
+def test_explain_takes_numeric_dtypes_and_optimizer_states() -> None:
+    # Byte sizes and state counts given as numbers are read as such, and explained as such.
+    by_number = estimate_memory(LLAMA_8B, seq_len=4096, param_dtype=2, optimizer=2)
+    by_name = estimate_memory(LLAMA_8B, seq_len=4096)
+    assert by_number.total == by_name.total
+    text = by_number.explanation()
+    assert "2 B/param (2)" in text
+    assert "4 (master weights) + 8 (2 states in fp32) B/param" in text
+    fp32_acts = estimate_memory(LLAMA_8B, seq_len=4096, activation_dtype="fp32").explanation()
+    assert "4 B/element" in fp32_acts
+
+
+def test_plan_communication_follows_activation_dtype() -> None:
+    common: dict[str, Any] = {
+        "num_gpus": 16,
+        "gpu_memory": 80e9,
+        "seq_len": 4096,
+        "global_batch_tokens": 4096 * 64,
+        "top": None,
+        "distinct": False,
+    }
+    spec = ModelSpec.preset("llama-3.1-70b")
+
+    def tp_comm(**options: Any) -> dict[tuple[int, ...], float]:
+        return {
+            (x.dp, x.tp, x.pp, x.zero, x.micro_batch): x.time_parts["tp_comm"]
+            for x in plan(spec, **common, **options)
+            if x.tp > 1 and x.recompute == "full"
+        }
+
+    bf16 = tp_comm()
+    fp32 = tp_comm(activation_dtype="fp32")
+    shared = set(bf16) & set(fp32)
+    assert shared
+    for key in shared:
+        # Twice the bytes; the collectives' latency stays the same.
+        assert 1.2 * bf16[key] < fp32[key] < 2 * bf16[key]
+
+
 def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
     tp = np.array([1, 2, 3, 4])[:, None, None]
     seq = np.array([1024, 4096])[None, :, None]
@@ -179,6 +219,33 @@ def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
         grid.total[0, 0, 0] = 1.0
 
 
+def test_grid_of_scattered_configurations_reads_any_number_dtype() -> None:
+    # A list of configurations (every input one value per cell) gives what each one
+    # alone gives, whatever the arrays' dtypes, with names matched in any case.
+    rng = np.random.default_rng(1)
+    n = 5000
+    columns: dict[str, Any] = {
+        "seq_len": rng.choice([1024, 4096, 8192], n),
+        "tp": rng.choice(np.array([1, 2, 3, 8], dtype=np.uint8), n),
+        "pp": rng.choice([1.0, 2.0, 4.0], n),
+        "sequence_parallel": rng.integers(0, 2, n).astype(bool),
+        "recompute": rng.choice(["none", "FULL", "Selective", "bogus"], n),
+        "zero": rng.choice(np.array([0, 1, 3], dtype=np.int32), n),
+    }
+    grid = estimate_memory_grid(LLAMA_8B, dp=8, **columns)
+    assert grid.shape == (n,)
+    for i in range(0, n, 97):
+        cell = {k: v[i].item() for k, v in columns.items()}
+        if cell["recompute"] == "bogus" or cell["tp"] == 3:
+            assert not grid.valid[i]
+            continue
+        one = estimate_memory(LLAMA_8B, dp=8, **cell)
+        assert grid.total[i] == one.total
+    reasons = set(grid.reasons()[~grid.valid].tolist())
+    assert any("recompute" in r for r in reasons)
+    assert "tp must divide num_heads" in reasons
+
+
 def test_grid_marks_each_invalid_cell_with_its_reason() -> None:
     grid = estimate_memory_grid(
         LLAMA_8B,
@@ -207,6 +274,98 @@ def test_moe_expert_parallel_and_pipeline_stage() -> None:
     pp = estimate_memory(LLAMA_8B, seq_len=4096, pp=4)
     assert pp.stage == 0
     assert pp.params < estimate_memory(LLAMA_8B, seq_len=4096).params / 3
+
+
+def test_uneven_pipeline_stages_express_the_published_layouts() -> None:
+    deepseek = ModelSpec.preset("deepseek-v3")
+    with pytest.raises(InvalidValueError, match="pipeline_split='auto'"):
+        estimate_memory(deepseek, seq_len=4096, pp=16)
+    # 61 layers on 16 stages: 3 + 14 x 4 + 2, the first three dense, on the first stage.
+    auto = estimate_memory(deepseek, seq_len=4096, pp=16, dp=128, ep=64, pipeline_split="auto")
+    explicit = estimate_memory(
+        deepseek, seq_len=4096, pp=16, dp=128, ep=64, first_stage_layers=3, last_stage_layers=2
+    )
+    assert auto.to_dict() == explicit.to_dict()
+    assert auto.layers == {0: 3, 15: 2}.get(auto.stage, 4)
+    stages = estimate_memory_stages(
+        deepseek, seq_len=4096, pp=16, dp=128, ep=64, pipeline_split="auto"
+    )
+    assert [x.layers for x in stages] == [3] + [4] * 14 + [2]
+    assert [x.stage for x in stages] == list(range(16))
+    busiest = max(stages, key=lambda x: x.total)
+    assert busiest.to_dict() == auto.to_dict()
+    assert stages[0].params > stages[1].params  # the embedding
+    with pytest.raises(InvalidValueError, match="layers do not split"):
+        estimate_memory_stages(deepseek, seq_len=4096, pp=16)
+    assert f"holding {auto.layers} of 61 layers" in auto.explanation()
+    # Llama 3.1 405B on 16 stages: one layer fewer on the first and last (126 = 7 + 14 x 8 + 7).
+    llama = ModelSpec.preset("llama-3.1-405b")
+    layouts = [
+        {"pipeline_split": "auto"},
+        {"pipeline_split": "embedding_and_loss"},
+        {"first_stage_layers": 7, "last_stage_layers": 7},
+    ]
+    totals = {
+        estimate_memory(llama, seq_len=8192, tp=8, pp=16, dp=8, zero=1, **layout).total
+        for layout in layouts
+    }
+    assert len(totals) == 1
+    grid = estimate_memory_grid(
+        llama,
+        seq_len=8192,
+        tp=8,
+        pp=16,
+        pipeline_split=["even", "auto", "embedding", "loss", "embedding_and_loss"],
+    )
+    assert grid.valid.tolist() == [False, True, False, False, True]
+    # The first stage keeps 16 micro-batches of 7 layers, the second 15 of 8: it is the busiest.
+    assert (grid.stage[1], grid.layers[1]) == (1, 8)
+    with pytest.raises(InvalidValueError, match="pipeline_split must be"):
+        estimate_memory(llama, seq_len=8192, pp=16, pipeline_split="uneven")
+    with pytest.raises(InvalidValueError, match="layers do not split"):
+        estimate_memory(llama, seq_len=8192, pp=16, first_stage_layers=7)
+
+
+def test_moe_cp_mtp_fp8_fused_loss_and_offload_options() -> None:
+    deepseek = ModelSpec.preset("deepseek-v3")
+    layout: dict[str, Any] = {"pp": 16, "dp": 128, "ep": 64, "pipeline_split": "auto"}
+    base = estimate_memory(deepseek, seq_len=4096, **layout)
+    padded = estimate_memory(deepseek, seq_len=4096, moe_capacity_factor=1.25, **layout)
+    assert padded.activation_parts["mlp"] > base.activation_parts["mlp"]
+    assert base.activation_parts["comm"] > 0  # EP all-to-all buffers
+    assert base.saved_activations == base.activations - base.activation_parts["comm"]
+    # Multi-token prediction: one more MoE layer, three norms and a 2h x h projection, and
+    # its activations, on the last stage.
+    mtp = deepseek.replace(mtp_layers=1)
+    moe_layer = deepseek.replace(num_layers=62).num_params() - deepseek.num_params()
+    assert mtp.num_params() - deepseek.num_params() == moe_layer + 3 * 7168 + 2 * 7168**2
+    last = estimate_memory_stages(mtp, seq_len=4096, **layout)[-1]
+    assert last.activation_parts["mtp"] > 0
+    assert estimate_memory_stages(deepseek, seq_len=4096, **layout)[-1].activation_parts["mtp"] == 0
+    # FP8 weights: 1 byte each, 16-bit gradients and activations unless told otherwise.
+    llama = LLAMA_8B
+    n = llama.num_params()
+    fp8 = estimate_memory(llama, seq_len=4096, param_dtype="fp8")
+    assert (fp8.params, fp8.grads, fp8.optimizer) == (n, 2 * n, 12 * n)
+    assert fp8.activations == estimate_memory(llama, seq_len=4096).activations
+    fp8_acts = estimate_memory(llama, seq_len=4096, fp8=True)
+    assert fp8_acts.activations < fp8.activations
+    assert "FP8 linear inputs" in fp8_acts.explanation()
+    # A fused cross-entropy keeps no fp32 logits: 4 bytes x 128,256 per token fewer.
+    fused = estimate_memory(llama, seq_len=4096, loss="fused")
+    plain = estimate_memory(llama, seq_len=4096)
+    assert plain.activation_parts["logits"] - fused.activation_parts["logits"] == 4096 * (
+        4 * 128_256 - 4
+    )
+    offload = estimate_memory(llama, seq_len=4096, optimizer_offload=1.0)
+    assert (offload.optimizer, offload.cpu_optimizer) == (0, 12 * n)
+    assert "offloaded to CPU" in offload.explanation()
+    ring = estimate_memory(llama, seq_len=8192, cp=4)
+    gathered = estimate_memory(llama, seq_len=8192, cp=4, cp_comm="all_gather")
+    assert gathered.activation_parts["comm"] == 2 * ring.activation_parts["comm"]
+    for option, value in (("loss", "chunked"), ("cp_comm", "ring"), ("optimizer_offload", 2)):
+        with pytest.raises(InvalidValueError, match=option):
+            estimate_memory(llama, seq_len=4096, **{option: value})
 
 
 @pytest.mark.parametrize(
@@ -240,6 +399,8 @@ def test_bad_specs_and_arguments_raise() -> None:
         ModelSpec(hidden_size=-64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=10)
     with pytest.raises(InvalidValueError, match="top_k"):
         LLAMA_8B.replace(num_experts=4, top_k=5, moe_ffn_size=128)
+    with pytest.raises(InvalidValueError, match="num_layers=5000"):
+        LLAMA_8B.replace(num_layers=5000)
     with pytest.raises(InvalidValueError, match="unknown preset 'llama-9'"):
         ModelSpec.preset("llama-9")
     with pytest.raises(InvalidTypeError, match="scalar"):
@@ -261,6 +422,33 @@ def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
     assert max_micro_batch_tokens(LLAMA_8B, 1e9) == 0
     with pytest.raises(InvalidTypeError, match="seq_len"):
         max_micro_batch_tokens(LLAMA_8B, memory, seq_len=4096)
+
+
+def test_context_parallel_padding_matches_the_packed_layout() -> None:
+    # Load-balanced CP pads every sequence to a multiple of 2 * cp: 4097 tokens on cp = 4
+    # cost what 4104 do, and a length that 2 * cp does not divide is no longer refused.
+    cp4 = {"cp": 4, "dp": 2, "zero": 1}
+    assert (
+        estimate_memory(LLAMA_8B, seq_len=4097, **cp4).total
+        == estimate_memory(LLAMA_8B, seq_len=4104, **cp4).total
+        > estimate_memory(LLAMA_8B, seq_len=4096, **cp4).total
+    )
+    assert estimate_memory(LLAMA_8B, seq_len=4096, cp=3).activations > 0
+    budget = max_micro_batch_tokens(LLAMA_8B, 80e9, multiple_of=128, **cp4)
+    assert budget > 0
+    assert budget % 128 == 0
+    assert estimate_memory(LLAMA_8B, seq_len=budget, **cp4).total <= 80e9
+    assert estimate_memory(LLAMA_8B, seq_len=budget + 128, **cp4).total > 80e9
+    assert max_micro_batch_tokens(LLAMA_8B, 80e9, multiple_of=5, cp=3) % 30 == 0
+    # The packer charges each document its length rounded up to 2 * cp, so every row of a
+    # packing at this budget, padding included, fits the budget the estimate was made for.
+    lengths = np.random.default_rng(0).integers(1, budget, 2000)
+    packing = tokenbatch.pack(lengths, budget, pad_to_multiple_of=8)
+    padded = -(-packing.lengths // 8) * 8
+    rows = np.add.reduceat(padded, packing.bin_offsets[:-1])
+    assert rows.max() <= budget
+    longest = estimate_memory(LLAMA_8B, seq_len=int(rows.max()), **cp4)
+    assert longest.total <= estimate_memory(LLAMA_8B, seq_len=budget, **cp4).total
 
 
 def test_plan_ranks_plain_data_parallelism_first_for_a_small_model() -> None:

@@ -1,4 +1,10 @@
-"""Estimates against what PyTorch really holds in a training step of small plain models."""
+"""Estimates against what PyTorch really holds in a training step of small plain models.
+
+The modules here are written the way fused-kernel code bases run them (a norm that keeps
+only its input and fp32 statistics, selective recomputation of the attention core and of
+the MLP activation), so they check the ``implementation="fused"`` side of the model; the
+Hugging Face side is checked on ``transformers`` itself in test_memory_transformers.py.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,10 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional
+from torch.utils.checkpoint import checkpoint
 
 from tokenbatch import ModelSpec, estimate_memory, profile
+from tokenbatch.memory import master_weight_adamw
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -49,25 +57,54 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+class _SwiGLUDown(torch.autograd.Function):
+    """``down(silu(gate) * up)`` keeping only ``gate`` and ``up``: the activation and its
+    product are rebuilt in backward, as selective recomputation of the MLP activation does
+    (Megatron-Core frees the recomputed output the second projection would keep)."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> Any:
+        ctx.save_for_backward(gate, up, weight)
+        return functional.linear(functional.silu(gate) * up, weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        gate, up, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            gate_, up_ = gate.detach().requires_grad_(), up.detach().requires_grad_()
+            hidden = functional.silu(gate_) * up_
+        grad_hidden = grad @ weight
+        grad_gate, grad_up = torch.autograd.grad(hidden, (gate_, up_), grad_hidden)
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ hidden.detach().reshape(
+            -1, hidden.shape[-1]
+        )
+        return grad_gate, grad_up, grad_weight
+
+
 class SwiGLU(nn.Module):
-    def __init__(self, h: int, f: int) -> None:
+    def __init__(self, h: int, f: int, selective: bool = False) -> None:
         super().__init__()
         self.gate = nn.Linear(h, f, bias=False)
         self.up = nn.Linear(h, f, bias=False)
         self.down = nn.Linear(f, h, bias=False)
+        self.selective = selective
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down(functional.silu(self.gate(x)) * self.up(x))
+        if self.selective:
+            out: torch.Tensor = _SwiGLUDown.apply(self.gate(x), self.up(x), self.down.weight)
+            return out
+        out = self.down(functional.silu(self.gate(x)) * self.up(x))
         return out
 
 
 class MoE(nn.Module):
-    """Mixtral-style top-k routing over SwiGLU experts."""
+    """Mixtral-style top-k routing over SwiGLU experts, combined with a scatter-add that keeps
+    only the indices (as Megatron-Core's unpermute does)."""
 
-    def __init__(self, h: int, f: int, experts: int, top_k: int) -> None:
+    def __init__(self, h: int, f: int, experts: int, top_k: int, selective: bool) -> None:
         super().__init__()
         self.router = nn.Linear(h, experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(h, f) for _ in range(experts))
+        self.experts = nn.ModuleList(SwiGLU(h, f, selective) for _ in range(experts))
         self.top_k = top_k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,13 +117,18 @@ class MoE(nn.Module):
         for index, expert in enumerate(self.experts):
             token, slot = torch.where(chosen == index)
             y = expert(x[token]) * weights[token, slot, None]
-            out = out.index_add(0, token, y)
+            out = out.index_put((token,), y, accumulate=True)
         return out.reshape(shape)
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, selective: bool) -> None:
         super().__init__()
+        self.selective = selective
         h, d = spec.hidden_size, spec.head_size
         self.heads, self.kv_heads, self.d = spec.num_heads, spec.kv_heads, d
         self.norm1 = RMSNorm(h)
@@ -96,9 +138,9 @@ class Block(nn.Module):
         self.o = nn.Linear(spec.num_heads * d, h, bias=False)
         self.norm2 = RMSNorm(h)
         self.mlp: nn.Module = (
-            MoE(h, spec.moe_ffn_size, spec.num_experts, spec.top_k)
+            MoE(h, spec.moe_ffn_size, spec.num_experts, spec.top_k, selective)
             if spec.is_moe
-            else SwiGLU(h, spec.ffn_size)
+            else SwiGLU(h, spec.ffn_size, selective)
         )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,17 +150,21 @@ class Block(nn.Module):
         k = self.k(y).view(b, s, self.kv_heads, self.d).transpose(1, 2)
         v = self.v(y).view(b, s, self.kv_heads, self.d).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        attn = functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if self.selective:
+            # Selective recomputation of the attention core: only its inputs are kept.
+            attn = checkpoint(_attention, q, k, v, use_reentrant=False)
+        else:
+            attn = _attention(q, k, v)
         x = x + self.o(attn.transpose(1, 2).reshape(b, s, -1))
         out: torch.Tensor = x + self.mlp(self.norm2(x))
         return out
 
 
 class Llama(nn.Module):
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+    def __init__(self, spec: ModelSpec, seq_len: int, selective: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.blocks = nn.ModuleList(Block(spec, selective) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size)
         self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         angles = torch.outer(torch.arange(seq_len), torch.rand(spec.head_size // 2))
@@ -135,7 +181,13 @@ class Llama(nn.Module):
 
 
 DENSE = ModelSpec(
-    hidden_size=256, num_layers=3, num_heads=8, num_kv_heads=2, ffn_size=704, vocab_size=512
+    hidden_size=256,
+    num_layers=3,
+    num_heads=8,
+    num_kv_heads=2,
+    ffn_size=704,
+    vocab_size=512,
+    implementation="fused",
 )
 MOE = ModelSpec(
     hidden_size=128,
@@ -147,6 +199,7 @@ MOE = ModelSpec(
     num_experts=4,
     top_k=2,
     moe_ffn_size=256,
+    implementation="fused",
 )
 
 
@@ -156,32 +209,15 @@ def _batch(spec: ModelSpec, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor]
     return ids, torch.roll(ids, -1, dims=1)
 
 
-def _mixed_precision_step(model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """bf16 weights and gradients, fp32 master weights and AdamW moments."""
-    params = list(model.parameters())
-    master = [p.detach().float().clone() for p in params]
-    optimizer = torch.optim.AdamW(master, lr=1e-3)
-
-    def step() -> None:
-        for m, p in zip(master, params, strict=True):
-            m.grad = p.grad.float()
-        optimizer.step()
-        for m, p in zip(master, params, strict=True):
-            m.grad = None
-            with torch.no_grad():
-                p.copy_(m)
-
-    return optimizer, step
-
-
+@pytest.mark.parametrize("recompute", ["none", "selective"])
 @pytest.mark.parametrize("spec", [DENSE, MOE], ids=["dense", "moe"])
-def test_mixed_precision_step_matches_the_estimate(spec: ModelSpec) -> None:
+def test_mixed_precision_step_matches_the_estimate(spec: ModelSpec, recompute: str) -> None:
     torch.manual_seed(0)
     b, s = 2, 128
-    model = Llama(spec, s).to(torch.bfloat16)
-    optimizer, step = _mixed_precision_step(model)
+    model = Llama(spec, s, selective=recompute == "selective").to(torch.bfloat16)
+    optimizer, step = master_weight_adamw(model, lr=1e-3)
     measured = profile(model, _batch(spec, b, s), optimizer=optimizer, optimizer_step=step)
-    estimate = estimate_memory(spec, seq_len=s, micro_batch=b)
+    estimate = estimate_memory(spec, seq_len=s, micro_batch=b, recompute=recompute)
     n = spec.num_params()
     assert measured.params == estimate.params == 2 * n
     assert measured.grads == estimate.grads == 2 * n

@@ -3,7 +3,7 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, final
 
 import numpy as np
@@ -29,7 +29,11 @@ __all__ = [
     "get_num_threads",
     "memory_fields",
     "memory_grid",
+    "memory_layer_params",
+    "memory_name_codes",
     "memory_param_counts",
+    "memory_pipeline_layers",
+    "memory_stages",
     "mix_seed",
     "pack",
     "permutation",
@@ -284,13 +288,25 @@ class Schedule:
 
 # memory
 
-def memory_param_counts(spec: dict[str, object]) -> tuple[float, float]: ...
+def memory_param_counts(spec: Mapping[str, object]) -> tuple[float, float]: ...
+def memory_pipeline_layers(
+    num_layers: int, pp: int, vpp: int, split: float, first: int, last: int
+) -> list[int] | None: ...
+def memory_layer_params(
+    spec: Mapping[str, object],
+) -> tuple[list[float], list[float], list[float], float, float]: ...
 def memory_grid(
-    spec: dict[str, object],
+    spec: Mapping[str, object],
     shape: list[int],
-    inputs: list[tuple[npt.NDArray[np.float64], list[int]]],
+    inputs: list[tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64], list[int]]],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
 def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
+def memory_name_codes(
+    text: npt.NDArray[np.uint32], names: list[str], codes: list[float]
+) -> npt.NDArray[np.float64]: ...
+def memory_stages(
+    spec: Mapping[str, object], layout: Sequence[float]
+) -> tuple[npt.NDArray[np.float64], int]: ...
 
 # --- threads -------------------------------------------------------------------------
 

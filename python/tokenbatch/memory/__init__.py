@@ -9,16 +9,20 @@ from tokenbatch.memory.estimate import (
     MemoryGrid,
     estimate_memory,
     estimate_memory_grid,
+    estimate_memory_stages,
     max_micro_batch_tokens,
 )
+from tokenbatch.memory.hardware import HARDWARE, Hardware
 from tokenbatch.memory.planner import PlannedLayout, plan
-from tokenbatch.memory.profiling import ProfileResult, profile
+from tokenbatch.memory.profiling import ProfileResult, master_weight_adamw, profile
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 __all__ = [
     "DTYPE_BYTES",
+    "HARDWARE",
     "OPTIMIZER_STATES",
     "PRESETS",
+    "Hardware",
     "MemoryEstimate",
     "MemoryGrid",
     "ModelSpec",
@@ -26,6 +30,8 @@ __all__ = [
     "ProfileResult",
     "estimate_memory",
     "estimate_memory_grid",
+    "estimate_memory_stages",
+    "master_weight_adamw",
     "max_micro_batch_tokens",
     "plan",
     "profile",

@@ -28,10 +28,13 @@ __all__ = [
     "MemoryGrid",
     "estimate_memory",
     "estimate_memory_grid",
+    "estimate_memory_stages",
     "max_micro_batch_tokens",
 ]
 
 _F64 = npt.NDArray[np.float64]
+# What the grid reads in place: float64 or int64.
+_Numbers = npt.NDArray[np.float64] | npt.NDArray[np.int64]
 
 LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES = (list(x) for x in _core.memory_fields())
 
@@ -61,6 +64,10 @@ OPTIMIZER_STATES: dict[str, int] = {
 _RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
 _ACTIVATION_MODEL = {"modern": 0, "korthikanti": 1}
 _ATTENTION = {"flash": 0, "eager": 1}
+_CP_COMM = {"p2p": 0, "all_gather": 1, "a2a": 2}
+_LOSS = {"standard": 0, "fused": 1}
+#: Rules for splitting layers over pipeline stages (see :func:`estimate_memory`).
+PIPELINE_SPLITS = {"even": 0, "auto": 1, "embedding": 2, "loss": 3, "embedding_and_loss": 4}
 
 _ACT_PARTS = (
     "attention",
@@ -70,6 +77,8 @@ _ACT_PARTS = (
     "logits",
     "checkpoints",
     "working",
+    "comm",
+    "mtp",
 )
 
 _DEFAULTS: dict[str, Any] = {
@@ -96,6 +105,14 @@ _DEFAULTS: dict[str, Any] = {
     "attention": "flash",
     "fused_swiglu": False,
     "overhead_bytes": 0,
+    "first_stage_layers": None,
+    "last_stage_layers": None,
+    "pipeline_split": "even",
+    "moe_capacity_factor": None,
+    "cp_comm": "p2p",
+    "loss": "standard",
+    "fp8": False,
+    "optimizer_offload": 0.0,
 }
 
 #: Options :func:`estimate_memory` and :func:`estimate_memory_grid` accept besides ``seq_len``.
@@ -104,32 +121,67 @@ OPTIONS = tuple(_DEFAULTS)
 GIB = 1024**3
 
 
-def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _F64:
-    """Map option names (or arrays of them) to codes; unknown names become NaN (invalid)."""
+def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _Numbers:
+    """Map option names (or arrays of them) to codes; unknown names become NaN (invalid).
+
+    A string array is matched against the known names in Rust, in parallel (a million
+    names cost a few milliseconds, not a million dictionary look-ups); what matches none
+    (other capitalizations, unknown names) is looked up per distinct value.
+    """
     array = np.asarray(value)
-    if array.dtype.kind in "UO":
-        flat = [table.get(str(v).lower(), math.nan) for v in array.ravel()]
-        codes = np.asarray(flat, dtype=np.float64).reshape(array.shape)
-        if strict and np.isnan(codes).any():
+    if array.dtype.kind not in "UO":
+        return _numeric(name, array)
+    if array.ndim == 0:
+        code = table.get(str(array).lower(), math.nan)
+        if strict and math.isnan(code):
             raise InvalidValueError(
                 f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
             )
-        return codes
-    return _numeric(name, array)
+        return np.asarray(code, dtype=np.float64)
+    text = np.ascontiguousarray(array if array.dtype.kind == "U" else array.astype(str))
+    rows = text.reshape(-1).view(np.uint32).reshape(text.size, -1)
+    codes: _F64 = _core.memory_name_codes(rows, list(table), [float(c) for c in table.values()])
+    unmatched = np.isnan(codes)
+    if unmatched.any():
+        names_left, inverse = np.unique(text.reshape(-1)[unmatched], return_inverse=True)
+        lower = [table.get(n.lower(), math.nan) for n in names_left]
+        codes[unmatched] = np.asarray(lower, dtype=np.float64)[inverse]
+    codes = codes.reshape(text.shape)
+    if strict and np.isnan(codes).any():
+        raise InvalidValueError(
+            f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
+        )
+    return codes
 
 
-def _numeric(name: str, value: Any) -> _F64:
+# Integer arrays at least this long are handed to the core as int64 and read in place;
+# shorter ones (scalars, a grid's axes) as float64, whose extraction is cheaper.
+_INTEGER_COLUMN = 4096
+
+
+def _numeric(name: str, value: Any) -> _Numbers:
+    """A number or an array of numbers as the grid reads them, in place: contiguous int64
+    (long integer columns) or float64 (other dtypes are converted once)."""
     array = np.asarray(value)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind in "iub" and array.size >= _INTEGER_COLUMN:
+        return np.ascontiguousarray(array, dtype=np.int64)
+    if array.dtype.kind in "iub":
+        return np.ascontiguousarray(array, dtype=np.float64)
+    if array.dtype.kind != "f":
         raise InvalidTypeError(f"{name} must be a number or an array of numbers, got {value!r}")
     return np.ascontiguousarray(array, dtype=np.float64)
 
 
-def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _F64:
+def _optional_count(name: str, value: Any) -> _Numbers:
+    """A count where None means "not set" (0 for the core)."""
+    return _numeric(name, 0 if value is None else value)
+
+
+def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _Numbers:
     return _lookup(name, value, DTYPE_BYTES, strict=strict)
 
 
-def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F64]:
+def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Numbers]:
     """Turn user options into the core's numeric layout fields (compact, unbroadcast)."""
     unknown = set(options) - set(_DEFAULTS) - {"seq_len"}
     if unknown:
@@ -138,13 +190,15 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         raise InvalidTypeError("seq_len is required")
     o = {**_DEFAULTS, **options}
     param = _dtype_bytes("param_dtype", o["param_dtype"], strict=strict)
+    # FP8 weights keep their gradients and compute their activations in 16 bits.
+    at_least_16_bits = np.where(param < 2, 2.0, param)
     grad = (
-        param
+        at_least_16_bits
         if o["grad_dtype"] is None
         else _dtype_bytes("grad_dtype", o["grad_dtype"], strict=strict)
     )
     act = (
-        param
+        at_least_16_bits
         if o["activation_dtype"] is None
         else _dtype_bytes("activation_dtype", o["activation_dtype"], strict=strict)
     )
@@ -155,8 +209,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         master = 4.0 * _numeric("master_weights", o["master_weights"])
     states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
     state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
-    accum = o["grad_accum_steps"]
-    fields: dict[str, _F64] = {
+    fields: dict[str, _Numbers] = {
         "seq_len": _numeric("seq_len", o["seq_len"]),
         "micro_batch": _numeric("micro_batch", o["micro_batch"]),
         "dp": _numeric("dp", o["dp"]),
@@ -168,10 +221,12 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         "zero": _numeric("zero", o["zero"]),
         "sequence_parallel": _numeric("sequence_parallel", o["sequence_parallel"]),
         "recompute": _lookup("recompute", o["recompute"], _RECOMPUTE, strict=strict),
-        "grad_accum_steps": _numeric("grad_accum_steps", 0 if accum is None else accum),
+        "grad_accum_steps": _optional_count("grad_accum_steps", o["grad_accum_steps"]),
         "param_bytes": param,
         "grad_bytes": grad,
-        "grad_buffer_bytes": 4.0 * _numeric("fp32_grad_accum", o["fp32_grad_accum"]),
+        "grad_buffer_bytes": np.multiply(
+            4.0, _numeric("fp32_grad_accum", o["fp32_grad_accum"]), dtype=np.float64
+        ),
         "master_bytes": np.ascontiguousarray(master, dtype=np.float64),
         "optimizer_state_bytes": np.ascontiguousarray(state_bytes, dtype=np.float64),
         "activation_bytes": act,
@@ -182,12 +237,31 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _F6
         "attention": _lookup("attention", o["attention"], _ATTENTION, strict=strict),
         "fused_swiglu": _numeric("fused_swiglu", o["fused_swiglu"]),
         "overhead_bytes": _numeric("overhead_bytes", o["overhead_bytes"]),
+        "first_stage_layers": _optional_count("first_stage_layers", o["first_stage_layers"]),
+        "last_stage_layers": _optional_count("last_stage_layers", o["last_stage_layers"]),
+        "pipeline_split": _lookup(
+            "pipeline_split", o["pipeline_split"], PIPELINE_SPLITS, strict=strict
+        ),
+        "moe_capacity_factor": _numeric(
+            "moe_capacity_factor",
+            0 if o["moe_capacity_factor"] is None else o["moe_capacity_factor"],
+        ),
+        "cp_comm": _lookup("cp_comm", o["cp_comm"], _CP_COMM, strict=strict),
+        "loss": _lookup("loss", o["loss"], _LOSS, strict=strict),
+        "fp8": _numeric("fp8", o["fp8"]),
+        "optimizer_offload": _numeric("optimizer_offload", o["optimizer_offload"]),
     }
     return {name: fields[name] for name in LAYOUT_FIELDS}
 
 
+def scalar_inputs(options: Mapping[str, Any]) -> dict[str, float]:
+    """The core's numeric fields for scalar options (``seq_len`` defaults to 1 here)."""
+    fields = _layout_inputs({"seq_len": 1, **options}, strict=True)
+    return {name: float(array.reshape(-1)[0]) for name, array in fields.items()}
+
+
 def _run_grid(
-    spec: ModelSpec, fields: Mapping[str, _F64]
+    spec: ModelSpec, fields: Mapping[str, _Numbers]
 ) -> tuple[tuple[int, ...], _F64, npt.NDArray[np.uint8]]:
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
@@ -197,11 +271,15 @@ def _run_grid(
         shapes = ", ".join(f"{k}{a.shape}" for k, a in fields.items() if a.ndim)
         raise InvalidValueError(f"grid parameters do not broadcast: {shapes}") from exc
     inputs = []
+    scalar_strides = [0] * len(shape)
     for array in fields.values():
+        if array.ndim == 0:
+            inputs.append((array.reshape(-1), scalar_strides))
+            continue
         view = np.broadcast_to(array, shape)
         strides = [s // array.itemsize for s in view.strides]
         inputs.append((array.reshape(-1), strides))
-    flat, reasons = _core.memory_grid(spec.to_dict(), list(shape), inputs)
+    flat, reasons = _core.memory_grid(spec.core_dict(), list(shape), inputs)
     return tuple(shape), flat.reshape(len(OUTPUT_FIELDS), -1), reasons.reshape(shape)
 
 
@@ -209,15 +287,23 @@ def _run_grid(
 class MemoryEstimate:
     """Per-GPU memory of one configuration, in bytes, on the busiest pipeline stage.
 
+    ``stage`` is that stage's index and ``layers`` the transformer layers it holds.
+
     ``total = params + grads + optimizer + activations + overhead``. ``activation_parts``
     says what activations are made of: ``attention``, ``mlp`` and ``norm`` blocks of the
     layers in flight, ``embedding`` (first stage), ``logits`` (last stage),
-    ``checkpoints`` (layer inputs kept by full recomputation) and ``working`` (one layer
-    rebuilt during backward).
+    ``checkpoints`` (layer inputs kept by full recomputation), ``working`` (one layer
+    rebuilt during backward), ``comm`` (expert-parallel all-to-all and context-parallel
+    key/value buffers of one layer) and ``mtp`` (multi-token-prediction modules, last
+    stage). ``cpu_optimizer`` is the optimizer state offloaded to CPU memory, not in
+    ``total``. ``options`` are the options as given (defaults filled in);
+    ``inputs`` are the numbers the core computed with (bytes per element of each dtype,
+    optimizer state bytes, codes of named choices), keyed by the core's field names.
     """
 
     spec: ModelSpec
     options: dict[str, Any]
+    inputs: dict[str, float]
     params: int
     grads: int
     optimizer: int
@@ -226,11 +312,21 @@ class MemoryEstimate:
     total: int
     activation_parts: dict[str, int]
     stage: int
+    layers: int
+    cpu_optimizer: int
 
     @property
     def model_states(self) -> int:
         """Weights, gradients and optimizer state."""
         return self.params + self.grads + self.optimizer
+
+    @property
+    def saved_activations(self) -> int:
+        """Activations saved for backward when the forward passes end: ``activations``
+        without the transient ``working`` set of full recomputation and ``comm`` buffers.
+        This is what :func:`~tokenbatch.profile` measures (``ProfileResult.activations``)."""
+        parts = self.activation_parts
+        return self.activations - parts["working"] - parts["comm"]
 
     def fits(self, gpu_memory: float) -> bool:
         """Whether ``total`` is at most ``gpu_memory`` bytes."""
@@ -246,6 +342,8 @@ class MemoryEstimate:
             "overhead": self.overhead,
             "total": self.total,
             "stage": self.stage,
+            "layers": self.layers,
+            "cpu_optimizer": self.cpu_optimizer,
         }
         result.update({f"act_{k}": v for k, v in self.activation_parts.items()})
         return result
@@ -266,30 +364,89 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     ``vpp=1`` (virtual pipeline chunks, interleaved 1F1B when > 1), ``zero=0`` (0-3; 3 is
     FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``, ``"full"``),
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
-    ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``,
-    ``grad_dtype`` (default: ``param_dtype``), ``master_weights`` (default: fp32 master
-    weights when ``param_dtype`` is not fp32), ``optimizer_dtype="fp32"``,
+    ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``
+    (``"fp8"``: FP8 weights), ``grad_dtype`` (default: ``param_dtype``, bf16 for FP8
+    weights), ``master_weights`` (default: fp32 master weights when ``param_dtype`` is not
+    fp32), ``optimizer_dtype="fp32"``, ``optimizer_offload=0.0`` (the fraction of the
+    optimizer state kept in CPU memory, Megatron's ``--optimizer-offload-fraction``),
     ``fp32_grad_accum=False`` (an extra fp32 gradient buffer), ``activation_dtype``
-    (default: ``param_dtype``), ``logits_dtype="fp32"``, ``activation_model="modern"``
-    (or ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s
-    probabilities), ``fused_swiglu=False`` and ``overhead_bytes=0``.
+    (default: ``param_dtype``, bf16 for FP8 weights), ``fp8=False`` (FP8 linear layers,
+    which keep their inputs for backward in FP8, as Transformer Engine and DeepSeek-V3's
+    recipe do), ``logits_dtype="fp32"``, ``loss="standard"`` (``"fused"``: a chunked or
+    fused cross-entropy that keeps no logits), ``activation_model="modern"`` (or
+    ``"korthikanti"``), ``attention="flash"`` (or ``"eager"``: keeps s x s probabilities),
+    ``fused_swiglu=False``, ``moe_capacity_factor=None`` (dropless routing with a balanced
+    load; a number pads every expert's input to that multiple of the balanced load),
+    ``cp_comm="p2p"`` (how context-parallel ranks exchange keys and values: ``"p2p"`` ring,
+    ``"all_gather"`` or ``"a2a"``) and ``overhead_bytes=0``.
+
+    Context parallelism: with ``cp > 1`` each sequence is padded to a multiple of ``2 * cp``
+    and split over the ``cp`` ranks in load-balanced chunks (Transformer Engine's and
+    Megatron's convention), so every rank holds ``micro_batch * ceil(seq_len / (2 cp)) * 2``
+    tokens. ``seq_len`` is the length of a row: for a packed row built with
+    ``pad_to_multiple_of=2 * cp`` (each document charged its padded length), the budget
+    ``max_tokens`` already includes every document's padding, and the estimate at
+    ``seq_len=max_tokens`` bounds any row whatever its document lengths.
+
+    Pipeline stages (Megatron-LM's rules): ``pipeline_split="even"`` gives every stage
+    ``num_layers / pp`` layers; ``first_stage_layers`` and/or ``last_stage_layers`` (with
+    ``"even"``) fix those stages and split the rest evenly; ``"embedding"``, ``"loss"`` and
+    ``"embedding_and_loss"`` count the embedding and/or the loss as one layer of the split
+    (Megatron's ``--account-for-*-in-pipeline-split``); ``"auto"`` takes the even split when
+    it exists and otherwise takes the layers left over off the last and first stages (126
+    layers on 16 stages: 7 + 14 x 8 + 7).
 
     Raises :class:`~tokenbatch.errors.InvalidValueError` naming the parameter when the
     layout does not fit the model (``tp`` not dividing the heads, ``pp`` not dividing the
     layers, ``zero`` > 3, negative or NaN values...).
     """
-    for name, value in (("seq_len", seq_len), *options.items()):
-        if np.ndim(value) != 0:
-            raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
-    fields = _layout_inputs({"seq_len": seq_len, **options}, strict=True)
+    fields = _scalar_fields(seq_len, options)
     _, table, reasons = _run_grid(spec, fields)
-    values = dict(zip(OUTPUT_FIELDS, table[:, 0].tolist(), strict=True))
     reason = int(reasons.reshape(-1)[0])
     if reason:
         raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+    return _estimate_from_row(spec, seq_len, options, fields, table[:, 0])
+
+
+def estimate_memory_stages(
+    spec: ModelSpec, *, seq_len: int, **options: Any
+) -> list[MemoryEstimate]:
+    """The estimate of every pipeline stage, first to last.
+
+    Takes the options of :func:`estimate_memory`, which reports the busiest of these
+    stages. Useful with uneven stages, where the first and last stages hold fewer layers
+    than the others and the busiest stage is not obvious.
+    """
+    if not isinstance(spec, ModelSpec):
+        raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    fields = _scalar_fields(seq_len, options)
+    values = [float(array.reshape(-1)[0]) for array in fields.values()]
+    flat, reason = _core.memory_stages(spec.core_dict(), values)
+    if reason:
+        raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+    rows = flat.reshape(-1, len(OUTPUT_FIELDS))
+    return [_estimate_from_row(spec, seq_len, options, fields, row) for row in rows]
+
+
+def _scalar_fields(seq_len: int, options: Mapping[str, Any]) -> dict[str, _Numbers]:
+    for name, value in (("seq_len", seq_len), *options.items()):
+        if np.ndim(value) != 0:
+            raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
+    return _layout_inputs({"seq_len": seq_len, **options}, strict=True)
+
+
+def _estimate_from_row(
+    spec: ModelSpec,
+    seq_len: int,
+    options: Mapping[str, Any],
+    fields: Mapping[str, _Numbers],
+    row: _F64,
+) -> MemoryEstimate:
+    values = dict(zip(OUTPUT_FIELDS, row.tolist(), strict=True))
     return MemoryEstimate(
         spec=spec,
         options={**_DEFAULTS, "seq_len": seq_len, **options},
+        inputs={name: float(array.reshape(-1)[0]) for name, array in fields.items()},
         params=int(values["params"]),
         grads=int(values["grads"]),
         optimizer=int(values["optimizer"]),
@@ -298,6 +455,8 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
         total=math.ceil(values["total"]),
         activation_parts={k: math.ceil(values[f"act_{k}"]) for k in _ACT_PARTS},
         stage=int(values["stage"]),
+        layers=int(values["layers"]),
+        cpu_optimizer=int(values["cpu_optimizer"]),
     )
 
 
@@ -315,8 +474,8 @@ class MemoryGrid:
     valid cell) says which check failed and :meth:`reasons` says it in words. Each field is
     a contiguous array. Fields: ``params``, ``grads``, ``optimizer``, ``activations``,
     ``overhead``, ``total``, ``act_attention``, ``act_mlp``, ``act_norm``,
-    ``act_embedding``, ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes) and
-    ``stage``.
+    ``act_embedding``, ``act_logits``, ``act_checkpoints``, ``act_working`` (bytes),
+    ``stage`` and ``layers`` (the busiest stage and its transformer layers).
     """
 
     def __init__(
@@ -351,6 +510,7 @@ class MemoryGrid:
     overhead = property(lambda self: self.field("overhead"), doc="Constant overhead bytes.")
     total = property(lambda self: self.field("total"), doc="Total bytes per GPU.")
     stage = property(lambda self: self.field("stage"), doc="Busiest pipeline stage.")
+    layers = property(lambda self: self.field("layers"), doc="Layers of the busiest stage.")
 
     @property
     def size(self) -> int:
@@ -406,15 +566,21 @@ def max_micro_batch_tokens(
     The micro-batch is one packed row of ``tokens`` tokens (``micro_batch=1``,
     ``seq_len=tokens``), as the sampler's ``max_tokens`` produces with padding-free
     attention. ``layout`` takes the options of :func:`estimate_memory` except ``seq_len``
-    and ``micro_batch``. The result is a multiple of ``multiple_of`` (and of ``cp``); 0
-    when not even that many tokens fit.
+    and ``micro_batch``. The result is a multiple of ``multiple_of``, and with context
+    parallelism (``cp > 1``) of ``2 * cp``; 0 when not even that many tokens fit.
+
+    With ``cp > 1`` pack with ``pad_to_multiple_of=2 * cp``: the packer then charges every
+    document its length rounded up to a multiple of ``2 * cp``, as load-balanced context
+    parallelism pads it, so a row never holds more than the budget, padding included, and
+    the estimate of a ``budget``-token row bounds it whatever the document lengths.
     """
     for name in ("seq_len", "micro_batch"):
         if name in layout:
             raise InvalidTypeError(f"{name} is set by max_micro_batch_tokens; do not pass it")
     step = as_int(multiple_of, "multiple_of", minimum=1)
     cp = as_int(layout.get("cp", 1), "cp", minimum=1)
-    step = step * cp // math.gcd(step, cp)
+    if cp > 1:
+        step = math.lcm(step, 2 * cp)
     if not (isinstance(gpu_memory, (int, float)) and math.isfinite(gpu_memory) and gpu_memory > 0):
         raise InvalidValueError(
             f"gpu_memory must be a positive number of bytes, got {gpu_memory!r}"
@@ -444,15 +610,19 @@ def _gib(value: float) -> str:
     return f"{value / GIB:10.3f}"
 
 
+def _bytes(value: float) -> str:
+    return f"{value:g}"
+
+
 def _explain(est: MemoryEstimate) -> str:
     o = est.options
+    n = est.inputs
     spec = est.spec
-    param_b = DTYPE_BYTES[str(o["param_dtype"]).lower()]
-    grad_b = param_b if o["grad_dtype"] is None else DTYPE_BYTES[str(o["grad_dtype"]).lower()]
-    master = param_b < 4 if o["master_weights"] is None else bool(o["master_weights"])
-    states = OPTIMIZER_STATES[str(o["optimizer"]).lower()]
-    state_b = DTYPE_BYTES[str(o["optimizer_dtype"]).lower()]
-    accum = 4 if o["fp32_grad_accum"] else 0
+    param_b = n["param_bytes"]
+    grad_b = n["grad_bytes"]
+    accum = n["grad_buffer_bytes"]
+    master = n["master_bytes"]
+    states = n["optimizer_state_bytes"]
     zero = int(o["zero"])
     group = int(o["dp"]) * int(o["cp"])
     layout = ", ".join(
@@ -462,29 +632,42 @@ def _explain(est: MemoryEstimate) -> str:
         f"{spec.name}: {spec.num_params():,} parameters ({spec.num_active_params():,} active)",
         f"layout: {layout}, zero={zero}, sequence_parallel={o['sequence_parallel']}, "
         f"recompute={o['recompute']}",
-        f"per GPU, busiest pipeline stage = {est.stage} (of {o['pp']})",
+        f"per GPU, busiest pipeline stage = {est.stage} (of {o['pp']}), holding {est.layers} "
+        f"of {spec.num_layers} layers (pipeline_split={o['pipeline_split']!r}"
+        + (f", first_stage_layers={o['first_stage_layers']}" if o["first_stage_layers"] else "")
+        + (f", last_stage_layers={o['last_stage_layers']}" if o["last_stage_layers"] else "")
+        + ")",
         "",
         f"{'component':<16}{'GiB':>10}  how",
-        f"{'params':<16}{_gib(est.params)}  {param_b} B/param ({o['param_dtype']})"
+        f"{'params':<16}{_gib(est.params)}  {_bytes(param_b)} B/param ({o['param_dtype']})"
         + (f", sharded over dp*cp={group} (ZeRO-3)" if zero >= 3 else ""),
-        f"{'grads':<16}{_gib(est.grads)}  {grad_b}"
-        f"{f' + {accum} (fp32 accumulation)' if accum else ''} B/param"
+        f"{'grads':<16}{_gib(est.grads)}  {_bytes(grad_b)}"
+        f"{f' + {_bytes(accum)} (fp32 accumulation)' if accum else ''} B/param"
         + (f", sharded over dp*cp={group} (ZeRO-2)" if zero >= 2 else ""),
         f"{'optimizer':<16}{_gib(est.optimizer)}  "
-        f"{4 if master else 0} (fp32 master) + {states} x {state_b} "
-        f"({o['optimizer']} states) B/param"
-        + (f", sharded over dp*cp={group} (ZeRO-1)" if zero >= 1 else ""),
-        f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model, "
-        f"{o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
+        f"{_bytes(master)} (master weights) + {_bytes(states)} "
+        f"({o['optimizer']} states in {o['optimizer_dtype']}) B/param"
+        + (f", sharded over dp*cp={group} (ZeRO-1)" if zero >= 1 else "")
+        + (
+            f", {_gib(est.cpu_optimizer).strip()} GiB more offloaded to CPU"
+            if est.cpu_optimizer
+            else ""
+        ),
+        f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model"
+        f" ({spec.implementation} kernels), {_bytes(n['activation_bytes'])} B/element"
+        + (", FP8 linear inputs" if n["fp8"] else "")
+        + f", {o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
     ]
     how = {
         "attention": "qkv input, q/k/v, output, softmax stats (or s x s probabilities)",
         "mlp": "MLP/MoE input and inner activations",
         "norm": "norm inputs and fp32 statistics (residual stream)",
         "embedding": "token ids / embedding dropout mask, per micro-batch in flight",
-        "logits": "final norm, head input, fp32 logits for the loss",
+        "logits": "final norm, head input, logits (or log-sum-exp) for the loss",
         "checkpoints": "layer inputs kept by full recomputation",
         "working": "one layer recomputed during backward",
+        "comm": "EP all-to-all / CP key-value buffers of one layer",
+        "mtp": "multi-token-prediction modules",
     }
     for part, value in est.activation_parts.items():
         if value:

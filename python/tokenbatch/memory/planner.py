@@ -1,56 +1,50 @@
 """Parallel-layout planning: enumerate the layouts that fit, rank them by estimated step time.
 
-Assumptions (deliberately simple, stated so they can be argued with):
-
-* **Compute.** Model FLOPs per token are ``6 N + 3 L a s (d_qk + d_v)``: ``N`` the active
-  matmul parameters (embedding lookups excluded, output head included), and causal
-  attention counted once for the lower triangle (Kaplan et al. 2020; PaLM, Chowdhery et
-  al. 2022, appendix B, halved for causality). Full recomputation adds one forward pass
-  (``2 N`` plus the attention forward), selective recomputation the attention forward.
-  GPUs reach ``compute_efficiency`` of ``peak_flops`` on large matmuls, scaled by
-  ``x / (x + 512)`` where ``x`` is the tokens per micro-batch per GPU (small micro-batches
-  run slower kernels).
-* **Pipeline bubble.** 1F1B idles ``(pp - 1) / m`` of the compute time for ``m``
-  micro-batches per step (Narayanan et al. 2021).
-* **Communication**, ring algorithms, not overlapped with compute unless said:
-  tensor parallelism all-reduces (or reduce-scatters and all-gathers, with sequence
-  parallelism) the ``b s h`` activations 4 times per layer and micro-batch (6 with full
-  recomputation); context parallelism passes keys and values around the ring; expert
-  parallelism does 4 all-to-alls of the routed tokens per MoE layer; pipeline stages send
-  activations point to point; data parallelism reduces gradients once per step (ZeRO-0/1),
-  per micro-batch (ZeRO-2), and also gathers weights twice per micro-batch (ZeRO-3), hidden
-  behind the backward pass of the last micro-batch (ZeRO-0/1), of every micro-batch (ZeRO-2)
-  or all compute (ZeRO-3). A group within ``gpus_per_node`` GPUs uses ``intra_node_bandwidth``,
-  otherwise ``inter_node_bandwidth`` (bytes/s per GPU).
-* **Memory.** A layout fits when the estimate is at most ``usable_fraction`` of
-  ``gpu_memory`` (the rest: CUDA context, communication buffers, allocator fragmentation).
-  Sequence parallelism is always on with tensor parallelism; tensor parallelism is capped at
-  ``gpus_per_node``; ``vpp`` is 1.
-* **Not modelled**, so weigh the ranking of large mixture-of-experts models with care:
-  kernel efficiency of narrow expert matmuls (experts split over ``tp``), load imbalance
-  between experts, and the limits of overlapping ZeRO-3 gathers with compute. For
-  DeepSeek-V3 on 2,048 GPUs the model ranks ZeRO-3 without expert parallelism first, where
-  the published run used expert parallelism (64-way) with ZeRO-1.
+The planner enumerates data, tensor, pipeline (with interleaving), context and expert
+parallelism, the ZeRO stage, recomputation and the micro-batch size; estimates the memory
+of every candidate in one grid call (pipeline stages split by the ``"auto"`` rule, so
+that 61 or 126 layers split over 16 stages); keeps those within ``usable_fraction`` of the
+GPU's memory; and ranks them by the step-time model of
+:mod:`tokenbatch.memory.steptime` on a :class:`~tokenbatch.memory.hardware.Hardware`.
+Sequence parallelism is on whenever tensor parallelism is, tensor parallelism stays
+within a node, context parallelism is at most 32-way and ZeRO-2 and -3 are not combined with
+pipeline parallelism (Megatron-LM and DeepSpeed do not support it): bounds of the search,
+not of the model. :meth:`PlannedLayout.explain` shows where each candidate's time goes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.memory.estimate import DTYPE_BYTES, estimate_memory_grid
+from tokenbatch.memory.estimate import GIB, PIPELINE_SPLITS, estimate_memory_grid, scalar_inputs
+from tokenbatch.memory.hardware import Hardware, positive_number
 from tokenbatch.memory.spec import ModelSpec
+from tokenbatch.memory.steptime import TIME_PARTS, step_time
 
 __all__ = ["PlannedLayout", "plan"]
 
 _F64 = npt.NDArray[np.float64]
 _RECOMPUTE = ("none", "selective", "full")
+_MAX_CP = 32
+_MAX_MICRO_BATCH = 64
+_VPP = (1, 2, 4, 8)
+
+_PART_TEXT = {
+    "compute": "matmuls and attention, forward, backward and recomputation (roofline)",
+    "bubble": "pipeline fill and drain: (pp - 1) / vpp micro-batch times",
+    "tp_comm": "tensor-parallel all-gathers and reduce-scatters, 8 per layer (12 recomputed)",
+    "cp_comm": "context-parallel key/value ring not hidden by the attention core",
+    "ep_comm": "expert-parallel all-to-all dispatch and combine, forward and backward",
+    "pp_comm": "pipeline activations and gradients between stages",
+    "dp_comm": "data-parallel gradient reduction and weight gathers not hidden by compute",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +54,11 @@ class PlannedLayout:
     ``num_gpus = dp * tp * pp * cp``; experts are sharded over ``ep`` ranks inside
     ``dp * cp``. ``micro_batch`` sequences per micro-batch, ``grad_accum_steps``
     micro-batches per step, so ``dp * micro_batch * grad_accum_steps`` sequences per step.
-    ``time_parts`` splits ``step_time`` (seconds) into compute, bubble and exposed
-    communication of each kind.
+    ``vpp`` model chunks per pipeline stage (interleaved 1F1B when > 1) and
+    ``stage_layers`` the layers of each stage, split by the rule ``pipeline_split`` and the
+    explicit ``first_stage_layers``/``last_stage_layers`` (see
+    :func:`~tokenbatch.estimate_memory`). ``time_parts`` splits ``step_time``
+    (seconds) into compute, bubble and exposed communication of each kind.
     """
 
     dp: int
@@ -78,123 +75,268 @@ class PlannedLayout:
     mfu: float
     tokens_per_second: float
     time_parts: dict[str, float]
+    vpp: int = 1
+    stage_layers: tuple[int, ...] = ()
+    pipeline_split: str = "even"
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    hardware: str = "h100"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def layout(self) -> dict[str, Any]:
         """The options to pass back to :func:`~tokenbatch.estimate_memory`."""
         return {
+            **self.options,
             "micro_batch": self.micro_batch,
             "dp": self.dp,
             "tp": self.tp,
             "pp": self.pp,
             "cp": self.cp,
             "ep": self.ep,
+            "vpp": self.vpp,
             "zero": self.zero,
             "sequence_parallel": self.tp > 1,
             "recompute": self.recompute,
             "grad_accum_steps": self.grad_accum_steps,
+            "pipeline_split": self.pipeline_split,
+            "first_stage_layers": self.first_stage_layers,
+            "last_stage_layers": self.last_stage_layers,
         }
+
+    def explain(self) -> str:
+        """Where the step's time goes, part by part, with the layout and its memory."""
+        stages = ""
+        if self.pp > 1:
+            shown = sorted(set(self.stage_layers), reverse=True)
+            stages = f" (layers per stage: {', '.join(map(str, shown))})"
+        lines = [
+            f"dp={self.dp} tp={self.tp} pp={self.pp} vpp={self.vpp} cp={self.cp} "
+            f"ep={self.ep} zero={self.zero} recompute={self.recompute}{stages}",
+            f"micro-batch {self.micro_batch} x {self.grad_accum_steps} per step, "
+            f"{self.memory / GIB:.1f} GiB per GPU on {self.hardware}",
+            f"step {self.step_time:.3f} s, {self.tokens_per_second:,.0f} tokens/s, "
+            f"MFU {self.mfu:.1%}",
+        ]
+        for part in TIME_PARTS:
+            seconds = self.time_parts[part]
+            share = seconds / self.step_time if self.step_time else 0.0
+            lines.append(f"  {part:<9}{seconds:9.3f} s {share:6.1%}  {_PART_TEXT[part]}")
+        return "\n".join(lines)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _split(
+    num_layers: int, pp: int, vpp: int, split: str, first: int = 0, last: int = 0
+) -> list[int] | None:
+    """Layers per stage under a ``pipeline_split`` rule and explicit end stages, or None."""
+    return _core.memory_pipeline_layers(num_layers, pp, vpp, PIPELINE_SPLITS[split], first, last)
+
+
+def _balanced_split(
+    spec: ModelSpec, pp: int, vpp: int, end_cost: float
+) -> tuple[str, int, int, list[int]] | None:
+    """The split of the layers over stages that balances the stages' compute.
+
+    Every layer costs 1, the last stage ``end_cost`` more (the output layer and the
+    multi-token-prediction modules, in layers of compute). Among the splits Megatron-LM
+    can express (even; the embedding and/or the loss counted as a layer; explicit first and
+    last stage sizes, the rest even), the one whose slowest stage is fastest; ties go to
+    fewer layers on the first stage, which keeps the most micro-batches in flight, then to
+    the simpler rule. Returns the rule, the explicit first and last sizes (0 unless
+    explicit) and the layers of each stage.
+    """
+    layers = spec.num_layers
+    options: list[tuple[float, int, int, str, int, int, list[int]]] = []
+
+    def consider(rank: int, split: str, first: int = 0, last: int = 0) -> None:
+        stages = _split(layers, pp, vpp, split, first, last)
+        if stages is not None:
+            cost = max([*stages[:-1], stages[-1] + end_cost])
+            options.append((cost, stages[0], rank, split, first, last, stages))
+
+    for rank, split in enumerate(("even", "embedding_and_loss", "embedding", "loss")):
+        consider(rank, split)
+    if pp > 1:
+        widest = 2 * -(-layers // pp)
+        for first in range(vpp, widest + 1, vpp):
+            for last in range(vpp, widest + 1, vpp):
+                consider(4, "even", first, last)
+    if not options:
+        return None
+    _, _, _, split, first, last, stages = min(options, key=lambda o: o[:3])
+    return split, first, last, stages
+
+
+_COLUMNS = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "vpp",
+    "zero",
+    "recompute",
+    "micro_batch",
+    "grad_accum_steps",
+    "first_layers",
+    "middle_layers",
+    "last_layers",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pipeline_split",
+)
+
+
+def _end_cost(spec: ModelSpec) -> float:
+    """The output layer and multi-token-prediction modules, in layers of compute."""
+    dense, _, moe_active, embedding, projection = _core.memory_layer_params(spec.core_dict())
+    moe_layers = spec.num_layers - spec.first_dense_layers if spec.is_moe else 0
+    active = (sum(dense) * (spec.num_layers - moe_layers) + sum(moe_active) * moe_layers) / (
+        spec.num_layers
+    )
+    head = (projection or embedding) / active
+    last_layer = sum(moe_active) if moe_layers else sum(dense)
+    return head + spec.mtp_layers * (last_layer / active + head)
+
+
 def _candidates(
     spec: ModelSpec, num_gpus: int, seq_len: int, sequences: int, gpus_per_node: int
 ) -> dict[str, npt.NDArray[np.int64]]:
     rows: list[tuple[int, ...]] = []
+    end_cost = _end_cost(spec)
     for tp in _divisors(num_gpus):
         if tp > gpus_per_node or spec.num_heads % tp:
             continue
         for pp in _divisors(num_gpus // tp):
-            if spec.num_layers % pp:
-                continue
-            for cp in _divisors(num_gpus // (tp * pp)):
-                if seq_len % cp or cp > 16:
+            for vpp in _VPP if pp > 1 else (1,):
+                split = _balanced_split(spec, pp, vpp, end_cost)
+                if split is None:
                     continue
-                dp = num_gpus // (tp * pp * cp)
-                if sequences % dp:
-                    continue
-                eps = (
-                    [e for e in _divisors(dp * cp) if spec.num_experts % e == 0]
-                    if spec.is_moe
-                    else [1]
-                )
-                zeros = (0, 1, 2, 3) if dp * cp > 1 else (0,)
-                per_rank = sequences // dp
-                for micro_batch in _divisors(per_rank):
-                    if micro_batch > 64:
-                        break
-                    steps = per_rank // micro_batch
-                    for ep in eps:
-                        for zero in zeros:
-                            for recompute in range(3):
-                                rows.append(
-                                    (dp, tp, pp, cp, ep, zero, recompute, micro_batch, steps)
-                                )
-    names = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "grad_accum_steps")
+                rule, first_stage, last_stage, layers = split
+                first, last, middle = layers[0], layers[-1], max(layers)
+                for cp in _divisors(num_gpus // (tp * pp)):
+                    if cp > _MAX_CP or seq_len < 2 * cp:
+                        continue
+                    dp = num_gpus // (tp * pp * cp)
+                    if sequences % dp:
+                        continue
+                    eps = (
+                        [e for e in _divisors(dp * cp) if spec.num_experts % e == 0]
+                        if spec.is_moe
+                        else [1]
+                    )
+                    # ZeRO-2 and -3 reduce gradients after every micro-batch, which neither
+                    # Megatron-LM nor DeepSpeed does under pipeline parallelism.
+                    zeros = (0,) if dp * cp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3)
+                    per_rank = sequences // dp
+                    for micro_batch in _divisors(per_rank):
+                        if micro_batch > _MAX_MICRO_BATCH:
+                            break
+                        steps = per_rank // micro_batch
+                        if vpp > 1 and steps % pp:
+                            continue
+                        for ep in eps:
+                            for zero in zeros:
+                                for recompute in range(3):
+                                    rows.append(
+                                        (
+                                            *(dp, tp, pp, cp, ep, vpp, zero, recompute),
+                                            *(micro_batch, steps, first, middle, last),
+                                            *(first_stage, last_stage, PIPELINE_SPLITS[rule]),
+                                        )
+                                    )
     if not rows:
-        return {name: np.empty(0, dtype=np.int64) for name in names}
+        return {name: np.empty(0, dtype=np.int64) for name in _COLUMNS}
     table = np.asarray(rows, dtype=np.int64)
-    return {name: table[:, i] for i, name in enumerate(names)}
+    return {name: table[:, i] for i, name in enumerate(_COLUMNS)}
 
 
 def plan(
     spec: ModelSpec,
     *,
     num_gpus: int,
-    gpu_memory: float,
     seq_len: int,
     global_batch_tokens: int,
-    gpus_per_node: int = 8,
-    peak_flops: float = 989e12,
+    gpu_memory: float | None = None,
+    hardware: str | Hardware = "h100",
+    gpus_per_node: int | None = None,
+    peak_flops: float | None = None,
     compute_efficiency: float = 0.6,
-    intra_node_bandwidth: float = 300e9,
-    inter_node_bandwidth: float = 40e9,
+    intra_node_bandwidth: float | None = None,
+    inter_node_bandwidth: float | None = None,
     usable_fraction: float = 0.9,
+    overlap_ep_comm: bool = False,
+    deduplicated_dispatch: bool = False,
+    distinct: bool = True,
     top: int | None = 20,
     **options: Any,
 ) -> list[PlannedLayout]:
-    """Layouts of ``num_gpus`` GPUs that fit ``gpu_memory`` bytes, fastest first.
+    """Layouts of ``num_gpus`` GPUs that fit in memory, fastest first.
 
-    Enumerates ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ZeRO stage, recomputation and the
-    micro-batch size (gradient accumulation making up ``global_batch_tokens``, which must
-    be a multiple of ``seq_len``), estimates memory for all of them in one grid call and
-    ranks those that fit by the step-time model of this module's docstring. Defaults
-    describe an H100 SXM node (989 TFLOP/s dense bf16, NVLink, 400 Gb/s InfiniBand per
-    GPU). ``options`` go to the memory estimate (dtypes, optimizer, activation model...).
-    Returns at most ``top`` layouts (all with ``top=None``); an empty list when none fits.
+    Enumerates ``dp``, ``tp``, ``pp`` (with ``vpp`` 1, 2 or 4 and the ``"auto"`` split of
+    uneven layers), ``cp``, ``ep``, ZeRO stage, recomputation and the micro-batch size
+    (gradient accumulation making up ``global_batch_tokens``, a multiple of ``seq_len``);
+    estimates the memory of all of them in one grid call and ranks those within
+    ``usable_fraction`` of ``gpu_memory`` by the step-time model of
+    :mod:`tokenbatch.memory.steptime`. ``hardware`` is a preset name (``"h100"``,
+    ``"h800"``, ``"h200"``, ``"a100"``, ``"mi300x"``; see
+    :data:`~tokenbatch.memory.hardware.HARDWARE`) or a :class:`Hardware`; ``gpu_memory``,
+    ``gpus_per_node``, ``peak_flops`` and the bandwidths (bytes/s, one direction, per GPU)
+    override its figures. ``compute_efficiency`` is the fraction of the peak that large
+    matmuls reach; ``overlap_ep_comm`` hides expert-parallel all-to-alls behind other
+    micro-batches' compute (DualPipe-style schedules) and ``deduplicated_dispatch`` sends
+    a token once per remote node (DeepEP-style dispatch). ``options`` go to the memory
+    estimate (dtypes, ``fp8``, optimizer, ``activation_model``...). With ``distinct``
+    (default) each parallel layout (``dp``, ``tp``, ``pp``, ``cp``, ``ep``) appears once,
+    with its fastest ZeRO stage, recomputation, interleaving and micro-batch size; with
+    ``distinct=False`` every combination that fits is ranked. Returns at most ``top``
+    layouts (all with ``top=None``); an empty list when none fits.
     """
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    if isinstance(hardware, str):
+        hardware = Hardware.preset(hardware)
+    elif not isinstance(hardware, Hardware):
+        raise InvalidTypeError(
+            f"hardware must be a preset name or a Hardware, got {type(hardware).__name__}"
+        )
+    overrides: dict[str, Any] = {
+        "memory": gpu_memory,
+        "peak_flops": peak_flops,
+        "intra_node_bandwidth": intra_node_bandwidth,
+        "inter_node_bandwidth": inter_node_bandwidth,
+    }
+    for name, value in overrides.items():
+        if value is not None:
+            positive_number("gpu_memory" if name == "memory" else name, value)
+    if gpus_per_node is not None:
+        overrides["gpus_per_node"] = as_int(gpus_per_node, "gpus_per_node", minimum=1)
+    hw = hardware.replace(**{k: v for k, v in overrides.items() if v is not None})
     num_gpus = as_int(num_gpus, "num_gpus", minimum=1)
     seq_len = as_int(seq_len, "seq_len", minimum=1)
     global_batch_tokens = as_int(global_batch_tokens, "global_batch_tokens", minimum=1)
-    gpus_per_node = as_int(gpus_per_node, "gpus_per_node", minimum=1)
-    for name, value in (
-        ("gpu_memory", gpu_memory),
-        ("peak_flops", peak_flops),
-        ("compute_efficiency", compute_efficiency),
-        ("intra_node_bandwidth", intra_node_bandwidth),
-        ("inter_node_bandwidth", inter_node_bandwidth),
-        ("usable_fraction", usable_fraction),
-    ):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise InvalidValueError(f"{name} must be a positive number, got {value!r}")
+    efficiency = positive_number("compute_efficiency", compute_efficiency)
+    usable = positive_number("usable_fraction", usable_fraction)
+    if efficiency > 1 or usable > 1:
+        raise InvalidValueError("compute_efficiency and usable_fraction must be at most 1")
     if global_batch_tokens % seq_len:
         raise InvalidValueError(
             f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len}"
         )
-    clash = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "zero", "recompute", "seq_len"} & set(
+    chosen = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "recompute"}
+    clash = (chosen | {"seq_len", "sequence_parallel", "grad_accum_steps", "pipeline_split"}) & set(
         options
     )
     if clash:
         raise InvalidTypeError(f"plan chooses {', '.join(sorted(clash))} itself")
+    inputs = scalar_inputs(options)
     sequences = global_batch_tokens // seq_len
-    c = _candidates(spec, num_gpus, seq_len, sequences, gpus_per_node)
+    c = _candidates(spec, num_gpus, seq_len, sequences, hw.gpus_per_node)
     if c["dp"].size == 0:
         return []
-    recompute_names = np.asarray(_RECOMPUTE)[c["recompute"]]
     grid = estimate_memory_grid(
         spec,
         seq_len=seq_len,
@@ -204,46 +346,52 @@ def plan(
         pp=c["pp"],
         cp=c["cp"],
         ep=c["ep"],
+        vpp=c["vpp"],
         zero=c["zero"],
-        recompute=recompute_names,
+        recompute=np.asarray(_RECOMPUTE)[c["recompute"]],
         sequence_parallel=c["tp"] > 1,
         grad_accum_steps=c["grad_accum_steps"],
+        first_stage_layers=c["first_stage_layers"],
+        last_stage_layers=c["last_stage_layers"],
+        pipeline_split=np.asarray(list(PIPELINE_SPLITS))[c["pipeline_split"]],
         **options,
     )
-    fits = grid.fits(usable_fraction * gpu_memory)
+    fits = grid.fits(usable * hw.memory)
     if not fits.any():
         return []
     keep = np.flatnonzero(fits)
     cols = {k: v[keep].astype(np.float64) for k, v in c.items()}
-    param_bytes = float(DTYPE_BYTES[str(options.get("param_dtype", "bf16")).lower()])
-    act_bytes = param_bytes
-    times = _step_time(
+    times = step_time(
         spec,
         cols,
-        params_bytes=grid.params[keep],
-        num_gpus=num_gpus,
+        hw=hw,
         seq_len=seq_len,
-        tokens=float(global_batch_tokens),
-        gpus_per_node=gpus_per_node,
-        peak_flops=peak_flops,
-        efficiency=compute_efficiency,
-        intra=intra_node_bandwidth,
-        inter=inter_node_bandwidth,
-        param_bytes=param_bytes,
-        act_bytes=act_bytes,
+        efficiency=efficiency,
+        inputs=inputs,
+        overlap_ep_comm=overlap_ep_comm,
+        deduplicated_dispatch=deduplicated_dispatch,
     )
     total_time = times["total"]
+    mfu = times["model_flops"] / (total_time * num_gpus * hw.peak_flops)
     memory = grid.total[keep]
     order = np.lexsort((memory, total_time))
+    if distinct:
+        layout_keys = np.stack([cols[k][order] for k in ("dp", "tp", "pp", "cp", "ep")], axis=1)
+        _, first_seen = np.unique(layout_keys, axis=0, return_index=True)
+        order = order[np.sort(first_seen)]
     if top is not None:
         order = order[: as_int(top, "top", minimum=1)]
     result = []
     for i in order:
+        pp, vpp = int(cols["pp"][i]), int(cols["vpp"][i])
+        rule = list(PIPELINE_SPLITS)[int(cols["pipeline_split"][i])]
+        first_stage = int(cols["first_stage_layers"][i])
+        last_stage = int(cols["last_stage_layers"][i])
         result.append(
             PlannedLayout(
                 dp=int(cols["dp"][i]),
                 tp=int(cols["tp"][i]),
-                pp=int(cols["pp"][i]),
+                pp=pp,
                 cp=int(cols["cp"][i]),
                 ep=int(cols["ep"][i]),
                 zero=int(cols["zero"][i]),
@@ -252,90 +400,18 @@ def plan(
                 grad_accum_steps=int(cols["grad_accum_steps"][i]),
                 memory=int(memory[i]),
                 step_time=float(total_time[i]),
-                mfu=float(times["mfu"][i]),
+                mfu=float(mfu[i]),
                 tokens_per_second=float(global_batch_tokens / total_time[i]),
-                time_parts={k: float(v[i]) for k, v in times.items() if k not in ("total", "mfu")},
+                time_parts={part: float(times[part][i]) for part in TIME_PARTS},
+                vpp=vpp,
+                stage_layers=tuple(
+                    _split(spec.num_layers, pp, vpp, rule, first_stage, last_stage) or ()
+                ),
+                pipeline_split=rule,
+                first_stage_layers=first_stage or None,
+                last_stage_layers=last_stage or None,
+                hardware=hw.name,
+                options=dict(options),
             )
         )
     return result
-
-
-def _step_time(
-    spec: ModelSpec,
-    c: dict[str, _F64],
-    *,
-    params_bytes: _F64,
-    num_gpus: int,
-    seq_len: int,
-    tokens: float,
-    gpus_per_node: int,
-    peak_flops: float,
-    efficiency: float,
-    intra: float,
-    inter: float,
-    param_bytes: float,
-    act_bytes: float,
-) -> dict[str, _F64]:
-    """Vectorized step-time model (see the module docstring)."""
-    dp, tp, pp, cp, ep = c["dp"], c["tp"], c["pp"], c["cp"], c["ep"]
-    zero, recompute, b, m = c["zero"], c["recompute"], c["micro_batch"], c["grad_accum_steps"]
-    h = float(spec.hidden_size)
-    layers = float(spec.num_layers)
-    head_dims = (
-        spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim
-        if spec.is_mla
-        else 2 * spec.head_size
-    )
-    embedding = (
-        spec.vocab_size * h * (0 if spec.tied_embeddings else 1) + spec.learned_positions * h
-    )
-    n_matmul = spec.num_active_params() - embedding
-    attention = 3.0 * layers * spec.num_heads * seq_len * head_dims / 2.0
-    model_flops = 6.0 * n_matmul + attention
-    extra = np.where(recompute == 2, 2.0 * n_matmul + attention / 3.0, 0.0)
-    extra = extra + np.where(recompute == 1, attention / 3.0, 0.0)
-    micro_tokens = b * seq_len / cp
-    kernel = efficiency * micro_tokens / (micro_tokens + 512.0)
-    compute = (model_flops + extra) * tokens / (num_gpus * peak_flops * kernel)
-    bubble = compute * (pp - 1.0) / m
-
-    def bandwidth(group: _F64) -> _F64:
-        result: _F64 = np.where(group <= gpus_per_node, intra, inter)
-        return result
-
-    layers_per_stage = layers / pp
-    tp_calls = np.where(recompute == 2, 6.0, 4.0)
-    tp_bytes = tp_calls * 2.0 * (tp - 1.0) / tp * micro_tokens * h * act_bytes
-    tp_comm = layers_per_stage * m * tp_bytes / bandwidth(tp)
-    kv_width = (
-        spec.num_heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim)
-        if spec.is_mla
-        else 2 * spec.kv_heads * spec.head_size
-    )
-    cp_bytes = 3.0 * (cp - 1.0) * micro_tokens * kv_width * act_bytes
-    cp_comm = layers_per_stage * m * cp_bytes / bandwidth(tp * cp)
-    moe_per_stage = (spec.num_layers - spec.first_dense_layers) / pp if spec.is_moe else 0.0
-    ep_bytes = 4.0 * (ep - 1.0) / ep * micro_tokens * spec.top_k * h * act_bytes / tp
-    ep_comm = moe_per_stage * m * ep_bytes / bandwidth(ep * tp)
-    pp_comm = np.where(pp > 1, 2.0 * m * micro_tokens * h * act_bytes / tp / inter, 0.0)
-    group = dp * cp
-    local_params = np.where(zero >= 3, params_bytes * group, params_bytes) / param_bytes
-    ring = (group - 1.0) / group * local_params * param_bytes
-    dp_bw = bandwidth(group * tp * pp)
-    dp_volume = np.select([zero <= 1, zero == 2], [2.0 * ring, (m + 1.0) * ring], 3.0 * m * ring)
-    backward = 2.0 / 3.0 * compute
-    window = np.select([zero <= 1, zero == 2], [backward / m, backward], compute)
-    dp_comm = np.maximum(0.0, dp_volume / dp_bw - window)
-    total = compute + bubble + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm
-    mfu = model_flops * tokens / (total * num_gpus * peak_flops)
-    return {
-        "compute": compute,
-        "bubble": bubble,
-        "tp_comm": tp_comm,
-        "cp_comm": cp_comm,
-        "ep_comm": ep_comm,
-        "pp_comm": pp_comm,
-        "dp_comm": dp_comm,
-        "total": total,
-        "mfu": mfu,
-    }

@@ -14,7 +14,7 @@ from tokenbatch.errors import InvalidTypeError, InvalidValueError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ProfileResult", "profile"]
+__all__ = ["ProfileResult", "master_weight_adamw", "profile"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,36 @@ def _storage_bytes(tensors: Iterable[torch.Tensor], exclude: set[tuple[str, int]
         seen.add(key)
         total += tensor.untyped_storage().nbytes()
     return total
+
+
+def master_weight_adamw(
+    model: torch.nn.Module, **adamw_options: Any
+) -> tuple[torch.optim.Optimizer, Callable[[], None]]:
+    """AdamW over fp32 master copies of ``model``'s (low-precision) parameters.
+
+    The optimizer setup :func:`~tokenbatch.estimate_memory` assumes by default and
+    Megatron-LM runs: weights and gradients in the model's dtype, fp32 master weights and
+    fp32 moments in the optimizer. Returns the optimizer and a ``step()`` that copies the
+    gradients to the master weights, steps, and copies the weights back; pass both to
+    :func:`profile` (``optimizer=``, ``optimizer_step=``). ``adamw_options`` go to
+    ``torch.optim.AdamW``.
+    """
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    master = [p.detach().float().clone() for p in params]
+    optimizer = torch.optim.AdamW(master, **adamw_options)
+
+    def step() -> None:
+        for copy, param in zip(master, params, strict=True):
+            copy.grad = None if param.grad is None else param.grad.float()
+        optimizer.step()
+        with torch.no_grad():
+            for copy, param in zip(master, params, strict=True):
+                copy.grad = None
+                param.copy_(copy)
+
+    return optimizer, step
 
 
 def profile(

@@ -6,16 +6,18 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["PRESETS", "FfnType", "ModelSpec", "NormType"]
+__all__ = ["PRESETS", "FfnType", "Implementation", "ModelSpec", "NormType"]
 
 FfnType = Literal["swiglu", "gelu"]
 NormType = Literal["rmsnorm", "layernorm"]
+Implementation = Literal["hf", "fused"]
 
 _INT_FIELDS = (
     "hidden_size",
@@ -29,11 +31,14 @@ _INT_FIELDS = (
     "num_shared_experts",
     "moe_ffn_size",
     "first_dense_layers",
+    "router_groups",
+    "router_group_top_k",
     "q_lora_rank",
     "kv_lora_rank",
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "mtp_layers",
 )
 _POSITIVE = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 
@@ -48,6 +53,20 @@ class ModelSpec:
     ``num_shared_experts``, ``moe_ffn_size`` (inner size of one expert) and
     ``first_dense_layers`` (leading layers with a dense MLP of ``ffn_size``). Multi-head
     latent attention (DeepSeek-V2/V3) sets ``kv_lora_rank`` > 0 and the head dimensions.
+    ``router_bias`` marks sigmoid routing with a per-expert correction bias (DeepSeek-V3);
+    the bias is a buffer, not a parameter. ``router_groups`` and ``router_group_top_k``
+    describe group-limited routing (DeepSeek-V3: experts in 8 groups, a token's experts
+    from at most 4), which bounds the nodes a token is dispatched to. ``mtp_layers``
+    multi-token-prediction modules (DeepSeek-V3 trains one; Hugging Face's model leaves it
+    out, so the preset and :meth:`from_hf_config` have 0) each add a projection of the two
+    normed inputs (``2h x h``), three norms and a layer like the last one, on the last
+    pipeline stage.
+
+    ``implementation`` says whose kernels run the model, which decides what is saved for
+    backward: ``"hf"`` (default) for Hugging Face ``transformers``' PyTorch modules (RMSNorm
+    keeps an fp32 copy of its input, DeepSeek-V3's router runs in fp32, grouped-GEMM
+    experts), ``"fused"`` for fused kernels as in Megatron-Core with Transformer Engine
+    (norms keep only their input and fp32 statistics). docs/memory.md lists each tensor.
 
     Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
     ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`
@@ -73,11 +92,15 @@ class ModelSpec:
     moe_ffn_size: int = 0
     first_dense_layers: int = 0
     router_bias: bool = False
+    router_groups: int = 0
+    router_group_top_k: int = 0
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    mtp_layers: int = 0
+    implementation: Implementation = "hf"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -103,6 +126,10 @@ class ModelSpec:
                 raise InvalidTypeError(f"{field} must be a bool, got {getattr(self, field)!r}")
         if self.ffn_type not in ("swiglu", "gelu"):
             raise InvalidValueError(f"ffn_type must be 'swiglu' or 'gelu', got {self.ffn_type!r}")
+        if self.implementation not in ("hf", "fused"):
+            raise InvalidValueError(
+                f"implementation must be 'hf' or 'fused', got {self.implementation!r}"
+            )
         if self.norm not in ("rmsnorm", "layernorm"):
             raise InvalidValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
         if self.num_heads % self.kv_heads != 0:
@@ -112,7 +139,7 @@ class ModelSpec:
         if self.num_experts == 0 and (self.top_k or self.moe_ffn_size or self.num_shared_experts):
             raise InvalidValueError("top_k, moe_ffn_size and num_shared_experts need num_experts")
         # The core re-checks everything (MoE and MLA consistency) and counts parameters.
-        _core.memory_param_counts(self.to_dict())
+        _core.memory_param_counts(self.core_dict())
 
     @property
     def kv_heads(self) -> int:
@@ -136,18 +163,26 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """Exact number of parameters (tied embeddings counted once)."""
-        return int(_core.memory_param_counts(self.to_dict())[0])
+        return int(_core.memory_param_counts(self.core_dict())[0])
 
     def num_active_params(self) -> int:
         """Parameters a token goes through: all but the routed experts it is not sent to."""
-        return int(_core.memory_param_counts(self.to_dict())[1])
+        return int(_core.memory_param_counts(self.core_dict())[1])
 
     def to_dict(self) -> dict[str, Any]:
         """All fields with defaults resolved (what the Rust core reads)."""
-        data = dataclasses.asdict(self)
-        data["num_kv_heads"] = self.kv_heads
-        data["head_dim"] = self.head_size
-        return data
+        return dict(self.core_dict())
+
+    def core_dict(self) -> Mapping[str, Any]:
+        """:meth:`to_dict`, computed once per spec (read-only: the core reads it on every
+        estimate)."""
+        cached: dict[str, Any] | None = self.__dict__.get("_core_dict")
+        if cached is None:
+            cached = dataclasses.asdict(self)
+            cached["num_kv_heads"] = self.kv_heads
+            cached["head_dim"] = self.head_size
+            self.__dict__["_core_dict"] = cached
+        return MappingProxyType(cached)
 
     def replace(self, **changes: Any) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
@@ -229,6 +264,8 @@ def _from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
         fields["moe_ffn_size"] = _require(config, "moe_intermediate_size")
         fields["first_dense_layers"] = config.get("first_k_dense_replace") or 0
         fields["router_bias"] = config.get("topk_method", "noaux_tc") == "noaux_tc"
+        fields["router_groups"] = config.get("n_group") or 0
+        fields["router_group_top_k"] = config.get("topk_group") or 0
         fields["q_lora_rank"] = config.get("q_lora_rank") or 0
         fields["kv_lora_rank"] = _require(config, "kv_lora_rank")
         fields["qk_nope_head_dim"] = _require(config, "qk_nope_head_dim")
@@ -305,6 +342,8 @@ PRESETS: dict[str, ModelSpec] = {
             moe_ffn_size=2048,
             first_dense_layers=3,
             router_bias=True,
+            router_groups=8,
+            router_group_top_k=4,
             q_lora_rank=1536,
             kv_lora_rank=512,
             qk_nope_head_dim=128,

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from tokenbatch._convert import (
+    as_bool,
     as_choice,
     as_int,
     as_lengths,
@@ -286,11 +287,11 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             max_tokens=as_int(max_tokens, "max_tokens", minimum=1),
             mode=cast(Literal["packed", "padded"], as_choice(mode, "mode", ("packed", "padded"))),
             algorithm=cast(Algorithm, as_choice(algorithm, "algorithm", ALGORITHMS)),
-            shuffle=_as_bool(shuffle, "shuffle"),
+            shuffle=as_bool(shuffle, "shuffle"),
             seed=as_seed(seed),
             num_replicas=replicas,
             rank=position,
-            drop_last=_as_bool(drop_last, "drop_last"),
+            drop_last=as_bool(drop_last, "drop_last"),
             balance=balance,
             oversize=cast(OversizePolicy, as_choice(oversize, "oversize", _OVERSIZE)),
             max_seqs=None if max_seqs is None else as_int(max_seqs, "max_seqs", minimum=1),
@@ -569,7 +570,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 written under another plan format, is malformed, or leaves too few
                 sequences for this many ranks.
         """
-        cursor, tokens_before = self._read_state(state, _as_bool(allow_resize, "allow_resize"))
+        cursor, tokens_before = self._read_state(state, as_bool(allow_resize, "allow_resize"))
         plan = self._plan_at(cursor)
         if cursor.start > plan.n_steps:
             raise InvalidValueError(
@@ -671,9 +672,3 @@ def _resize_history(value: object) -> _Runs:
             )
         )
     return tuple(runs)
-
-
-def _as_bool(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)

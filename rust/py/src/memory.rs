@@ -1,9 +1,11 @@
 //! Bindings of `tokenbatch_core::memory`.
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, ModelSpec, NormType, INVALID_REASONS, LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType, Values, INVALID_REASONS,
+    LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -33,11 +35,15 @@ struct SpecDict {
     moe_ffn_size: u64,
     first_dense_layers: u64,
     router_bias: bool,
+    router_groups: u64,
+    router_group_top_k: u64,
     q_lora_rank: u64,
     kv_lora_rank: u64,
     qk_nope_head_dim: u64,
     qk_rope_head_dim: u64,
     v_head_dim: u64,
+    mtp_layers: u64,
+    implementation: String,
 }
 
 impl SpecDict {
@@ -62,11 +68,15 @@ impl SpecDict {
             moe_ffn_size: self.moe_ffn_size,
             first_dense_layers: self.first_dense_layers,
             router_bias: self.router_bias,
+            router_groups: self.router_groups,
+            router_group_top_k: self.router_group_top_k,
             q_lora_rank: self.q_lora_rank,
             kv_lora_rank: self.kv_lora_rank,
             qk_nope_head_dim: self.qk_nope_head_dim,
             qk_rope_head_dim: self.qk_rope_head_dim,
             v_head_dim: self.v_head_dim,
+            mtp_layers: self.mtp_layers,
+            implementation: Implementation::parse(&self.implementation)?,
         })
     }
 }
@@ -79,8 +89,54 @@ fn memory_param_counts(spec: SpecDict) -> PyResult<(f64, f64)> {
     Ok((spec.total_params(), spec.active_params()))
 }
 
+/// Parameters of a dense layer, of an MoE layer, and of an MoE layer counting only the
+/// `top_k` routed experts, each as (replicated, tensor-parallel, key/value, routed experts);
+/// then the embedding and the output projection (0 when tied).
+type LayerParamTable = ([f64; 4], [f64; 4], [f64; 4], f64, f64);
+
+/// Validate a spec and return its per-layer parameter counts (see [`LayerParamTable`]).
+#[pyfunction]
+fn memory_layer_params(spec: SpecDict) -> PyResult<LayerParamTable> {
+    let spec = spec.into_core().into_py_result()?;
+    spec.validate().into_py_result()?;
+    let row = |p: memory::LayerParams| [p.replicated, p.tp_split, p.kv, p.experts];
+    let moe_index = spec.first_dense_layers.min(spec.num_layers - 1);
+    let (embedding, _) = spec.embedding_params();
+    let (_, projection) = spec.head_params(false);
+    Ok((
+        row(spec.layer_params(0, false)),
+        row(spec.layer_params(moe_index, false)),
+        row(spec.layer_params(moe_index, true)),
+        embedding,
+        projection,
+    ))
+}
+
+/// Layers of each pipeline stage under a split rule (a `pipeline_split` code and explicit
+/// first/last stage layers, 0 when not given); `None` when the layers do not split so.
+#[pyfunction]
+fn memory_pipeline_layers(
+    num_layers: u64,
+    pp: u64,
+    vpp: u64,
+    split: f64,
+    first: u64,
+    last: u64,
+) -> Option<Vec<u64>> {
+    let split = memory::PipelineSplit::from_code(split)?;
+    let stages = memory::StageLayers::new(num_layers, pp, vpp, split, first, last)?;
+    Some((0..pp).map(|stage| stages.stage_layers(stage)).collect())
+}
+
 /// A grid's values table and reason codes.
 type GridArrays<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u8>>);
+
+/// A grid input's values: float64 or int64, read in place.
+#[derive(FromPyObject)]
+enum NumberArray<'py> {
+    F64(PyReadonlyArray1<'py, f64>),
+    I64(PyReadonlyArray1<'py, i64>),
+}
 
 /// Evaluate a broadcast grid; returns the `(len(OUTPUT_FIELDS), cells)` table, flat and
 /// row-major (one contiguous run per field), and the per-cell reason codes (0: valid).
@@ -89,13 +145,17 @@ fn memory_grid<'py>(
     py: Python<'py>,
     spec: SpecDict,
     shape: Vec<usize>,
-    inputs: Vec<(PyReadonlyArray1<'py, f64>, Vec<usize>)>,
+    inputs: Vec<(NumberArray<'py>, Vec<usize>)>,
 ) -> PyResult<GridArrays<'py>> {
     let spec = spec.into_core().into_py_result()?;
     let slices = inputs
         .iter()
         .map(|(array, strides)| {
-            as_slice(array).map(|data| GridInput {
+            let data = match array {
+                NumberArray::F64(array) => Values::F64(as_slice(array)?),
+                NumberArray::I64(array) => Values::I64(as_slice(array)?),
+            };
+            Ok(GridInput {
                 data,
                 strides: strides.as_slice(),
             })
@@ -108,6 +168,57 @@ fn memory_grid<'py>(
         table.values.into_pyarray(py),
         table.reasons.into_pyarray(py),
     ))
+}
+
+/// For each row of `text` (a numpy `<U` array viewed as `(n, width)` uint32 code points),
+/// the code of the name it equals (`codes[i]` for `names[i]`), or NaN.
+#[pyfunction]
+fn memory_name_codes<'py>(
+    py: Python<'py>,
+    text: PyReadonlyArray2<'py, u32>,
+    names: Vec<String>,
+    codes: Vec<f64>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let width = text.shape()[1];
+    let points = text
+        .as_slice()
+        .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))?;
+    if names.len() != codes.len() {
+        return Err(PyValueError::new_err("one code per name"));
+    }
+    let names: Vec<Vec<u32>> = names
+        .iter()
+        .map(|name| name.chars().map(u32::from).collect())
+        .collect();
+    let found = detach_parallel(py, || memory::name_codes(points, width, &names, &codes));
+    Ok(found.into_pyarray(py))
+}
+
+/// Every pipeline stage of one configuration (layout values in `LAYOUT_FIELDS` order):
+/// the `(stages, len(OUTPUT_FIELDS))` table, flat and row-major, and the reason code (0:
+/// valid; the table is then empty unless valid).
+#[pyfunction]
+fn memory_stages<'py>(
+    py: Python<'py>,
+    spec: SpecDict,
+    layout: [f64; N_LAYOUT_FIELDS],
+) -> PyResult<(Bound<'py, PyArray1<f64>>, u8)> {
+    let spec = spec.into_core().into_py_result()?;
+    let layout = Layout::from_values(&layout);
+    let stages = py
+        .detach(|| memory::estimate_all_stages(&spec, &layout))
+        .into_py_result()?;
+    Ok(match stages {
+        Ok(stages) => (
+            stages
+                .iter()
+                .flat_map(|b| b.to_values())
+                .collect::<Vec<f64>>()
+                .into_pyarray(py),
+            0,
+        ),
+        Err(invalid) => (Vec::new().into_pyarray(py), invalid.code()),
+    })
 }
 
 /// Names of the grid inputs, of the output columns, and the invalid-reason messages
@@ -123,7 +234,11 @@ fn memory_fields() -> (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>) 
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_param_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_layer_params, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_pipeline_layers, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_name_codes, m)?)?;
     m.add_function(wrap_pyfunction!(memory_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stages, m)?)?;
     Ok(())
 }

@@ -20,7 +20,8 @@
 //!
 //! # Activations
 //! Bytes saved for backward per token of a micro-batch (`micro_batch * seq_len / cp` tokens
-//! per GPU), per layer, times the layers and micro-batches in flight on the stage:
+//! per GPU, each sequence padded to a multiple of `2 * cp` when `cp > 1`, as load-balanced
+//! context parallelism needs), per layer, times the layers and micro-batches in flight on the stage:
 //! 1F1B keeps `min(m, pp - i)` micro-batches on stage `i` (Narayanan et al. 2021); the
 //! interleaved schedule with `vpp` chunks keeps `min(m * vpp, 2 (pp - i - 1) + (vpp - 1) pp + 1)`
 //! chunks, which on stage 0 is Megatron's `pp * (1 + (pp - 1) / (pp * vpp))` stage
@@ -34,21 +35,19 @@
 //! MLP, LayerNorm, dropout, 16-bit activations); applied to other shapes it reproduces
 //! published estimates such as the Ultra-Scale Playbook's, not the real allocation.
 //!
-//! `modern`: the tensors a pre-norm block keeps with fused norm kernels (input plus fp32
-//! statistics), flash attention (q, k, v, output and the fp32 log-sum-exp; GQA keys and
-//! values unexpanded), no dropout, an element-wise SwiGLU (gate, up, silu(gate) and
-//! their product; 3 tensors when fused), top-k routing (router probabilities in fp32,
-//! top-k indices and weights; per chosen expert the gathered input, the expert output
-//! and the weighted output kept by the scatter-add) and fp32 logits for the loss. Selective recomputation recomputes the attention core and the
-//! MLP activation function (Megatron-Core `recompute_modules = core_attn, mlp activation`);
-//! full recomputation keeps each layer's input and needs one layer's activations while it
+//! `modern`: the tensors today's blocks save, listed in [`crate::memory::activations`],
+//! for Hugging Face's modules or fused kernels (the spec's `implementation`); the head
+//! keeps the final norm, its output and the logits in `logits_bytes` for the loss.
+//! Full recomputation keeps each layer's input and needs one layer's activations while it
 //! recomputes (Chen et al. 2016).
 
+use crate::memory::activations::{ActCtx, Activations, CpComm, LayerActs};
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
-use crate::memory::spec::{FfnType, LayerParams, ModelSpec, NormType};
+use crate::memory::pipeline::{PipelineSplit, StageLayers};
+use crate::memory::spec::{LayerParams, ModelSpec};
 
 /// Names of the output columns, in [`Breakdown::to_values`] order.
-pub const OUTPUT_FIELDS: [&str; 14] = [
+pub const OUTPUT_FIELDS: [&str; 18] = [
     "params",
     "grads",
     "optimizer",
@@ -62,7 +61,11 @@ pub const OUTPUT_FIELDS: [&str; 14] = [
     "act_logits",
     "act_checkpoints",
     "act_working",
+    "act_comm",
+    "act_mtp",
     "stage",
+    "layers",
+    "cpu_optimizer",
 ];
 
 /// Number of output columns.
@@ -91,8 +94,17 @@ pub struct Breakdown {
     pub act_checkpoints: f64,
     /// One layer's activations rebuilt during backward under full recomputation.
     pub act_working: f64,
+    /// Communication buffers of one layer at a time: expert-parallel all-to-all, context-
+    /// parallel key/value exchange.
+    pub act_comm: f64,
+    /// Multi-token-prediction modules on the last stage: their inputs, layer, head and loss.
+    pub act_mtp: f64,
     /// Index of the pipeline stage reported.
     pub stage: f64,
+    /// Transformer layers held by that stage (multi-token-prediction layers not included).
+    pub layers: f64,
+    /// Optimizer state offloaded to CPU memory (not in `total`).
+    pub cpu_optimizer: f64,
 }
 
 impl Breakdown {
@@ -112,7 +124,11 @@ impl Breakdown {
             self.act_logits,
             self.act_checkpoints,
             self.act_working,
+            self.act_comm,
+            self.act_mtp,
             self.stage,
+            self.layers,
+            self.cpu_optimizer,
         ]
     }
 }
@@ -126,7 +142,10 @@ pub struct Prepared {
     embedding: f64,
     positions: f64,
     final_norm: f64,
-    norm_stat_bytes: f64,
+    /// One multi-token-prediction module: its layer, its norms and its projection.
+    mtp_layer: LayerParams,
+    mtp_norms: f64,
+    mtp_projection: f64,
 }
 
 impl Prepared {
@@ -134,17 +153,17 @@ impl Prepared {
     pub fn new(spec: &ModelSpec) -> Self {
         let (embedding, positions) = spec.embedding_params();
         let (final_norm, _) = spec.head_params(false);
+        let (mtp_norms, mtp_projection) = spec.mtp_extra_params();
         Prepared {
+            mtp_layer: spec.mtp_layer_params(false),
+            mtp_norms,
+            mtp_projection,
             spec: spec.clone(),
             dense_layer: spec.layer_params(0, false),
             moe_layer: spec.layer_params(spec.first_dense_layers, false),
             embedding,
             positions,
             final_norm,
-            norm_stat_bytes: match spec.norm {
-                NormType::RmsNorm => 4.0,
-                NormType::LayerNorm => 8.0,
-            },
         }
     }
 
@@ -170,22 +189,16 @@ fn ceil(x: f64) -> f64 {
     }
 }
 
-/// Whether a finite `x` is a whole number (as [`ceil`], without a libm call).
-#[inline]
-fn is_whole(x: f64) -> bool {
-    if x.abs() < 9.0e18 {
-        x as i64 as f64 == x
-    } else {
-        x.fract() == 0.0
-    }
-}
+const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
 
-fn is_pos_int(x: f64) -> bool {
-    x.is_finite() && x >= 1.0 && is_whole(x)
-}
-
-fn is_flag(x: f64) -> bool {
-    x == 0.0 || x == 1.0
+/// Whether `x` is a whole number in `[low, high]` (`0 <= low`, `high` finite), without
+/// branches or conversions (a grid checks every value of a list of configurations):
+/// below 2^52, adding and removing 2^52 rounds `x` to an integer (it changes only a
+/// fractional `x`); from 2^52 on every double is whole. NaN fails every comparison.
+#[inline(always)]
+fn is_whole_in(x: f64, low: f64, high: f64) -> bool {
+    let whole = (x >= TWO_POW_52) | ((x + TWO_POW_52) - TWO_POW_52 == x);
+    (x >= low) & (x <= high) & whole
 }
 
 /// Whether `d` (a validated positive whole number) divides `n`. Integer arithmetic,
@@ -205,10 +218,85 @@ fn divides(d: f64, n: u64) -> bool {
 /// Check a configuration against the model; the first problem found is returned (fields
 /// in [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS) order, then how they fit the model).
 pub fn validate(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
+    check_fields(l)?;
+    validate_fit(spec, l).map(|_| ())
+}
+
+/// [`check_field`] on every field, in field order.
+fn check_fields(l: &Layout) -> Result<(), Invalid> {
     for (field, &value) in l.to_values().iter().enumerate() {
         check_field(field, value)?;
     }
-    validate_fit(spec, l)
+    Ok(())
+}
+
+/// What the value of a layout field must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FieldRule {
+    PositiveInteger,
+    /// A non-negative whole number.
+    Count,
+    /// 0, 1, 2 or 3.
+    ZeroStage,
+    /// 0 or 1.
+    Flag,
+    /// 0, 1 or 2.
+    ThreeWay,
+    /// A [`PipelineSplit`] code.
+    PipelineSplit,
+    /// A finite number at least 0.
+    NonNegative,
+    /// A number between 0 and 1.
+    Fraction,
+}
+
+impl FieldRule {
+    #[inline(always)]
+    pub(crate) fn accepts(self, x: f64) -> bool {
+        match self {
+            FieldRule::PositiveInteger => is_whole_in(x, 1.0, f64::MAX),
+            FieldRule::Count => is_whole_in(x, 0.0, f64::MAX),
+            FieldRule::ZeroStage => is_whole_in(x, 0.0, 3.0),
+            FieldRule::Flag => is_whole_in(x, 0.0, 1.0),
+            FieldRule::ThreeWay => is_whole_in(x, 0.0, 2.0),
+            FieldRule::PipelineSplit => is_whole_in(x, 0.0, 4.0),
+            FieldRule::NonNegative => (0.0..=f64::MAX).contains(&x),
+            FieldRule::Fraction => (0.0..=1.0).contains(&x),
+        }
+    }
+}
+
+/// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))
+/// follows, and the reason reported when a value breaks it.
+pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
+    use FieldRule as R;
+    match field {
+        0 => (R::PositiveInteger, Invalid::SeqLen),
+        1 => (R::PositiveInteger, Invalid::MicroBatch),
+        2 => (R::PositiveInteger, Invalid::Dp),
+        3 => (R::PositiveInteger, Invalid::Tp),
+        4 => (R::PositiveInteger, Invalid::Pp),
+        5 => (R::PositiveInteger, Invalid::Cp),
+        6 => (R::PositiveInteger, Invalid::Ep),
+        7 => (R::PositiveInteger, Invalid::Vpp),
+        8 => (R::ZeroStage, Invalid::Zero),
+        9 => (R::Flag, Invalid::SequenceParallel),
+        10 => (R::ThreeWay, Invalid::Recompute),
+        11 => (R::Count, Invalid::GradAccumSteps),
+        19 => (R::Flag, Invalid::ActivationModel),
+        20 => (R::Flag, Invalid::Attention),
+        21 => (R::Flag, Invalid::FusedSwiglu),
+        23 => (R::Count, Invalid::FirstStageLayers),
+        24 => (R::Count, Invalid::LastStageLayers),
+        25 => (R::PipelineSplit, Invalid::PipelineSplit),
+        26 => (R::NonNegative, Invalid::MoeCapacityFactor),
+        27 => (R::ThreeWay, Invalid::CpComm),
+        28 => (R::Flag, Invalid::Loss),
+        29 => (R::Flag, Invalid::Fp8),
+        30 => (R::Fraction, Invalid::OptimizerOffload),
+        // 12..=18 and 22: byte counts.
+        _ => (R::NonNegative, Invalid::Bytes),
+    }
 }
 
 /// Check the value of field `field` (an index into
@@ -217,40 +305,19 @@ pub fn validate(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
 /// A grid checks each distinct value of an input once with this, rather than every field
 /// of every cell.
 pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
-    let (ok, reason) = match field {
-        0 => (is_pos_int(x), Invalid::SeqLen),
-        1 => (is_pos_int(x), Invalid::MicroBatch),
-        2 => (is_pos_int(x), Invalid::Dp),
-        3 => (is_pos_int(x), Invalid::Tp),
-        4 => (is_pos_int(x), Invalid::Pp),
-        5 => (is_pos_int(x), Invalid::Cp),
-        6 => (is_pos_int(x), Invalid::Ep),
-        7 => (is_pos_int(x), Invalid::Vpp),
-        8 => (
-            x.is_finite() && is_whole(x) && (0.0..=3.0).contains(&x),
-            Invalid::Zero,
-        ),
-        9 => (is_flag(x), Invalid::SequenceParallel),
-        10 => (x == 0.0 || x == 1.0 || x == 2.0, Invalid::Recompute),
-        11 => (
-            x.is_finite() && x >= 0.0 && is_whole(x),
-            Invalid::GradAccumSteps,
-        ),
-        19 => (is_flag(x), Invalid::ActivationModel),
-        20 => (is_flag(x), Invalid::Attention),
-        21 => (is_flag(x), Invalid::FusedSwiglu),
-        // 12..=18 and 22: byte counts.
-        _ => (x.is_finite() && x >= 0.0, Invalid::Bytes),
-    };
-    if ok {
+    let (rule, reason) = field_rule(field);
+    if rule.accepts(x) {
         Ok(())
     } else {
         Err(reason)
     }
 }
 
-/// Check how a configuration whose fields each passed [`check_field`] fits the model.
-fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
+/// Check how a configuration whose fields each passed [`check_field`] fits the model, and
+/// split its layers over the pipeline stages. Inlined, so that the split is built where it
+/// is used rather than copied out of a return slot for every cell of a grid.
+#[inline(always)]
+fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
     if !divides(l.tp, spec.num_heads) {
         return Err(Invalid::TpHeads);
     }
@@ -264,9 +331,16 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
     {
         return Err(Invalid::TpFfn);
     }
-    if !divides(l.pp * l.vpp, spec.num_layers) {
-        return Err(Invalid::PpLayers);
-    }
+    let split = PipelineSplit::from_code(l.pipeline_split).ok_or(Invalid::PipelineSplit)?;
+    let stages = StageLayers::new(
+        spec.num_layers,
+        l.pp as u64,
+        l.vpp as u64,
+        split,
+        l.first_stage_layers as u64,
+        l.last_stage_layers as u64,
+    )
+    .ok_or(Invalid::PpLayers)?;
     if spec.is_moe() {
         if !divides(l.ep, spec.num_experts) {
             return Err(Invalid::EpExperts);
@@ -277,141 +351,45 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<(), Invalid> {
     if !divides(l.ep, (l.dp * l.cp) as u64) {
         return Err(Invalid::EpDpCp);
     }
-    if !divides(l.cp, l.seq_len as u64) {
-        return Err(Invalid::CpSeqLen);
-    }
-    Ok(())
+    Ok(stages)
 }
 
-/// Activation bytes per local token of one layer, by block.
-#[derive(Debug, Clone, Copy, Default)]
-struct LayerActs {
-    attention: f64,
-    mlp: f64,
-    norm: f64,
-}
-
-impl LayerActs {
-    fn total(&self) -> f64 {
-        self.attention + self.mlp + self.norm
+/// Routed copies per token relative to `top_k`: the capacity factor when experts' inputs
+/// are padded to capacity, 1 for dropless routing with a balanced load.
+fn capacity_multiple(capacity_factor: f64) -> f64 {
+    if capacity_factor > 0.0 {
+        capacity_factor
+    } else {
+        1.0
     }
 }
 
-/// Per-configuration constants of the activation formulas.
-struct ActCtx {
-    e: f64,
-    t: f64,
-    /// Divisor of tensors on the residual stream: `tp` with sequence parallelism, else 1.
-    rep: f64,
-    kv_per_rank: f64,
-    key_len: f64,
-    eager: bool,
-    fused: bool,
-}
-
-impl Prepared {
-    fn mlp_inner(&self, ffn: f64, c: &ActCtx, selective: bool) -> f64 {
-        let tensors = match (self.spec.ffn_type, selective, c.fused) {
-            (FfnType::SwiGlu, true, _) => 2.0,
-            (FfnType::SwiGlu, false, true) => 3.0,
-            (FfnType::SwiGlu, false, false) => 4.0,
-            (FfnType::Gelu, true, _) => 1.0,
-            (FfnType::Gelu, false, _) => 2.0,
-        };
-        tensors * c.e * ffn / c.t
+/// Tokens of a `seq_len`-token sequence on each of `cp` context-parallel ranks: with load
+/// balancing, a sequence is padded to a multiple of `2 * cp` and cut into `2 * cp` chunks,
+/// two per rank (Transformer Engine's and Megatron's convention).
+fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
+    if cp == 1.0 {
+        seq_len
+    } else {
+        ceil(seq_len / (2.0 * cp)) * 2.0
     }
-
-    fn modern_layer(&self, c: &ActCtx, moe: bool, selective: bool) -> LayerActs {
-        let s = &self.spec;
-        let e = c.e;
-        let h_rep = e * s.hidden_size as f64 / c.rep;
-        let a = s.num_heads as f64 / c.t;
-        let dq = s.qk_head_dim() as f64;
-        let dv = s.v_dim() as f64;
-        let core = if selective {
-            0.0
-        } else if c.eager {
-            e * a * c.key_len
-        } else {
-            4.0 * a
-        };
-        let mut attention = h_rep + core + e * a * (dq + dv);
-        if s.is_mla() {
-            let stat = 4.0 / c.rep;
-            let q_path = if s.q_lora_rank > 0 {
-                2.0 * e * s.q_lora_rank as f64 / c.rep + stat
-            } else {
-                0.0
-            };
-            let kv_path = 2.0 * e * s.kv_lora_rank as f64 / c.rep
-                + stat
-                + e * s.qk_rope_head_dim as f64 / c.rep;
-            attention += q_path + kv_path + e * a * (dq + dv);
-        } else {
-            attention += e * c.kv_per_rank * (dq + dv);
-        }
-        let norm = 2.0 * (h_rep + self.norm_stat_bytes / c.rep);
-        let mlp = if moe {
-            let k = s.top_k as f64;
-            let routed = k * (3.0 * h_rep + self.mlp_inner(s.moe_ffn_size as f64, c, selective));
-            let shared =
-                self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64, c, selective);
-            let router = (4.0 * s.num_experts as f64 + 32.0 * k) / c.rep;
-            h_rep + router + routed + shared
-        } else {
-            h_rep + self.mlp_inner(s.ffn_size as f64, c, selective)
-        };
-        LayerActs {
-            attention,
-            mlp,
-            norm,
-        }
-    }
-
-    fn korthikanti_layer(&self, c: &ActCtx, selective: bool) -> LayerActs {
-        let s = &self.spec;
-        let h = s.hidden_size as f64;
-        let scores = if selective {
-            0.0
-        } else {
-            5.0 * s.num_heads as f64 * c.key_len / c.t
-        };
-        LayerActs {
-            attention: 3.0 * h / c.rep + 8.0 * h / c.t + scores,
-            mlp: 3.0 * h / c.rep + 16.0 * h / c.t,
-            norm: 4.0 * h / c.rep,
-        }
-    }
-}
-
-/// Dense and MoE layers among the `chunk`-layer model chunks a stage holds.
-fn stage_layer_counts(spec: &ModelSpec, stage: u64, pp: u64, vpp: u64, chunk: u64) -> (f64, f64) {
-    if !spec.is_moe() {
-        return ((chunk * vpp) as f64, 0.0);
-    }
-    let mut dense = 0u64;
-    for j in 0..vpp {
-        let start = (stage + j * pp) * chunk;
-        dense += spec.first_dense_layers.saturating_sub(start).min(chunk);
-    }
-    (dense as f64, (chunk * vpp - dense) as f64)
 }
 
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
-    validate(&prep.spec, l)?;
-    Ok(estimate_valid(prep, l))
+    check_fields(l)?;
+    estimate_checked_fields(prep, l)
 }
 
 /// [`estimate`] for a layout whose fields each passed [`check_field`].
 pub(crate) fn estimate_checked_fields(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
-    validate_fit(&prep.spec, l)?;
-    Ok(estimate_valid(prep, l))
+    let stages = validate_fit(&prep.spec, l)?;
+    Ok(estimate_valid(prep, l, stages))
 }
 
 /// The busiest stage of a valid configuration.
-fn estimate_valid(prep: &Prepared, l: &Layout) -> Breakdown {
-    let config = Config::new(prep, l);
+fn estimate_valid(prep: &Prepared, l: &Layout, stages: StageLayers) -> Breakdown {
+    let config = Config::new(prep, l, stages);
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
     let mut best = config.stage(0, first_counts);
@@ -439,8 +417,9 @@ fn estimate_valid(prep: &Prepared, l: &Layout) -> Breakdown {
 /// The breakdown of every pipeline stage of a configuration (the spec must have been
 /// validated); [`estimate`] reports the first stage with the largest total.
 pub fn estimate_stages(prep: &Prepared, l: &Layout) -> Result<Vec<Breakdown>, Invalid> {
-    validate(&prep.spec, l)?;
-    let config = Config::new(prep, l);
+    check_fields(l)?;
+    let stages = validate_fit(&prep.spec, l)?;
+    let config = Config::new(prep, l, stages);
     Ok((0..l.pp as u64)
         .map(|stage| config.stage(stage, config.layer_counts(stage)))
         .collect())
@@ -454,82 +433,135 @@ struct Config<'a> {
     tokens: f64,
     dense_acts: LayerActs,
     moe_acts: LayerActs,
+    /// Bytes per micro-batch of an MoE layer that do not scale with tokens.
+    moe_fixed: f64,
+    /// Rotary tables kept per micro-batch (shared by the layers).
+    rotary_per_mb: f64,
     checkpoint: f64,
     working: f64,
     embedding_per_mb: f64,
     logits_per_mb: f64,
-    /// Per-layer (dense, expert) parameters per rank of dense and of MoE layers.
+    /// Communication buffers of one layer (EP all-to-all, CP key/value exchange).
+    comm: f64,
+    /// One multi-token-prediction module's activations per micro-batch.
+    mtp_per_mb: f64,
+    /// Per-layer (dense, expert) parameters per rank of dense and of MoE layers, and of a
+    /// multi-token-prediction module (its layer, norms and projection).
     dense_layer: (f64, f64),
     moe_layer: (f64, f64),
+    mtp_module: (f64, f64),
     dense_group: f64,
     expert_group: f64,
     pp: u64,
     vpp: u64,
-    chunk: u64,
+    stages: StageLayers,
 }
 
 impl<'a> Config<'a> {
-    fn new(prep: &'a Prepared, l: &'a Layout) -> Self {
+    /// Inlined: a grid builds one for every cell, and a `Config` returned through memory
+    /// stalled when its fields were read back in pairs over their fresh stores.
+    #[inline(always)]
+    fn new(prep: &'a Prepared, l: &'a Layout, stages: StageLayers) -> Self {
         let spec = &prep.spec;
         let t = l.tp;
         let sp = l.sequence_parallel == 1.0 && t > 1.0;
         let recompute = l.recompute_mode();
         let selective = recompute == Recompute::Selective;
+        let e = l.activation_bytes;
+        let copies = spec.top_k as f64 * capacity_multiple(l.moe_capacity_factor);
         let c = ActCtx {
-            e: l.activation_bytes,
+            e,
             t,
             rep: if sp { t } else { 1.0 },
             kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
-            key_len: l.seq_len / l.cp,
+            key_len: cp_rank_tokens(l.seq_len, l.cp),
             eager: l.attention == 1.0,
-            fused: l.fused_swiglu == 1.0,
+            fused_swiglu: l.fused_swiglu == 1.0,
+            selective,
+            param_bytes: l.param_bytes,
+            lin: if l.fp8 == 1.0 { 1.0 } else { e },
+            copies,
         };
-        let tokens = l.micro_batch * l.seq_len / l.cp;
+        let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let h = spec.hidden_size as f64;
         let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
+        let acts = Activations::new(spec, c);
 
-        // Per-layer activations per token: what a layer keeps, and its full set (working set).
-        let (dense_acts, moe_acts) = if korthikanti {
-            let kept = prep.korthikanti_layer(&c, selective);
-            (kept, kept)
-        } else if spec.is_moe() {
-            (
-                prep.modern_layer(&c, false, selective),
-                prep.modern_layer(&c, true, selective),
-            )
-        } else {
-            let kept = prep.modern_layer(&c, false, selective);
-            (kept, kept)
+        // Per-layer activations per token (and per micro-batch for what does not scale with
+        // tokens) of dense and MoE layers, and a layer's full set (the working set of full
+        // recomputation, which rebuilds one layer with nothing recomputed away).
+        let kept = |moe: bool| {
+            if korthikanti {
+                (acts.korthikanti_layer(), 0.0)
+            } else {
+                acts.layer(moe)
+            }
         };
-        let checkpoint = if korthikanti {
-            2.0 * h / c.rep
+        let (dense_acts, _) = kept(false);
+        let (moe_acts, moe_fixed) = if spec.is_moe() {
+            kept(true)
         } else {
-            c.e * h / c.rep
+            (dense_acts, 0.0)
         };
+        let checkpoint = if korthikanti { 2.0 * h } else { e * h } / c.rep;
         let working = if recompute != Recompute::Full || korthikanti {
             0.0
-        } else if spec.is_moe() {
-            let moe = prep.modern_layer(&c, true, false).total();
-            let dense = if spec.first_dense_layers > 0 {
-                prep.modern_layer(&c, false, false).total()
-            } else {
-                0.0
-            };
-            tokens * dense.max(moe)
         } else {
-            tokens * prep.modern_layer(&c, false, false).total()
+            let full = Activations::new(
+                spec,
+                ActCtx {
+                    selective: false,
+                    ..c
+                },
+            );
+            let layer = |moe: bool| {
+                let (per_token, fixed) = full.layer(moe);
+                tokens * per_token.total() + fixed
+            };
+            let has_dense = !spec.is_moe() || spec.first_dense_layers > 0;
+            let dense = if has_dense { layer(false) } else { 0.0 };
+            let moe = if spec.is_moe() { layer(true) } else { 0.0 };
+            dense.max(moe)
         };
         let embedding_per_mb = if korthikanti { h / c.rep } else { 8.0 } * tokens;
+        let rotary_per_mb = if korthikanti || recompute == Recompute::Full {
+            0.0
+        } else {
+            acts.rotary_tables(c.key_len)
+        };
+        // The loss keeps the logits (`logits_bytes`, vocabulary-parallel) and the labels; a
+        // fused cross-entropy keeps only an fp32 log-sum-exp per token.
+        let loss_per_token = if l.loss == 1.0 {
+            4.0
+        } else {
+            l.logits_bytes * spec.vocab_size as f64 / t
+        } + 8.0;
         let logits_per_mb = if korthikanti {
             0.0
         } else {
-            tokens
-                * (2.0 * c.e * h / c.rep
-                    + prep.norm_stat_bytes / c.rep
-                    + l.logits_bytes * spec.vocab_size as f64 / t
-                    + 8.0)
+            tokens * (acts.head() + loss_per_token)
+        };
+        // A multi-token-prediction module: two norms, the projection's input (2h), a layer
+        // like the last, and its own head and loss.
+        let mtp_moe = spec.is_moe() && spec.num_layers > spec.first_dense_layers;
+        let mtp_per_mb = if korthikanti || spec.mtp_layers == 0 {
+            0.0
+        } else {
+            let (layer, fixed) = if recompute == Recompute::Full {
+                (checkpoint, 0.0)
+            } else {
+                let (layer, fixed) = kept(mtp_moe);
+                (layer.total(), fixed)
+            };
+            tokens * (acts.mtp_inputs() + layer + acts.head() + loss_per_token) + fixed
+        };
+        let comm = if korthikanti {
+            0.0
+        } else {
+            tokens * acts.comm_buffers(l.ep, l.cp, CpComm::from_code(l.cp_comm))
         };
         let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
+        let (mtp_dense, mtp_experts) = prep.mtp_layer.per_rank(t, l.ep, kv_fraction);
         let dense_group = l.dp * l.cp;
         let pp = l.pp as u64;
         let vpp = l.vpp as u64;
@@ -540,26 +572,44 @@ impl<'a> Config<'a> {
             tokens,
             dense_acts,
             moe_acts,
+            moe_fixed,
+            rotary_per_mb,
             checkpoint,
             working,
             embedding_per_mb,
             logits_per_mb,
+            comm,
+            mtp_per_mb,
             dense_layer: prep.dense_layer.per_rank(t, l.ep, kv_fraction),
             moe_layer: prep.moe_layer.per_rank(t, l.ep, kv_fraction),
+            mtp_module: (
+                mtp_dense + prep.mtp_norms + prep.mtp_projection / t,
+                mtp_experts,
+            ),
             dense_group,
             expert_group: dense_group / l.ep,
             pp,
             vpp,
-            chunk: spec.num_layers / (pp * vpp),
+            stages,
         }
     }
 
     /// (dense, MoE) layers held by `stage`.
     fn layer_counts(&self, stage: u64) -> (f64, f64) {
-        stage_layer_counts(&self.prep.spec, stage, self.pp, self.vpp, self.chunk)
+        let spec = &self.prep.spec;
+        let layers = self.stages.stage_layers(stage);
+        let dense = if spec.is_moe() {
+            self.stages
+                .leading_layers_on(stage, spec.first_dense_layers)
+        } else {
+            layers
+        };
+        (dense as f64, (layers - dense) as f64)
     }
 
-    /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers.
+    /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers. Inlined, for the
+    /// same reason as [`Config::new`].
+    #[inline(always)]
     fn stage(&self, stage: u64, (n_dense, n_moe): (f64, f64)) -> Breakdown {
         let (prep, l, spec) = (self.prep, self.l, &self.prep.spec);
         let (pp, vpp) = (self.pp, self.vpp);
@@ -577,7 +627,8 @@ impl<'a> Config<'a> {
             }
         };
         let mut dense_params = n_dense * self.dense_layer.0 + n_moe * self.moe_layer.0;
-        let expert_params = n_dense * self.dense_layer.1 + n_moe * self.moe_layer.1;
+        let mut expert_params = n_dense * self.dense_layer.1 + n_moe * self.moe_layer.1;
+        let mtp = if last { spec.mtp_layers as f64 } else { 0.0 };
         if first {
             dense_params += prep.embedding / t + prep.positions;
         }
@@ -590,6 +641,13 @@ impl<'a> Config<'a> {
                 prep.embedding / t
             };
             dense_params += prep.final_norm + head;
+            // Multi-token prediction runs on the last stage, which then needs the
+            // embedding too (Megatron-LM builds it there when pp > 1).
+            dense_params += mtp * self.mtp_module.0;
+            expert_params += mtp * self.mtp_module.1;
+            if mtp > 0.0 && pp > 1 {
+                dense_params += prep.embedding / t;
+            }
         }
         let per_param = |bytes: f64, threshold: f64| {
             bytes
@@ -598,7 +656,9 @@ impl<'a> Config<'a> {
         };
         let params = ceil(per_param(l.param_bytes, 3.0));
         let grads = ceil(per_param(l.grad_bytes + l.grad_buffer_bytes, 2.0));
-        let optimizer = ceil(per_param(l.master_bytes + l.optimizer_state_bytes, 1.0));
+        let all_optimizer = ceil(per_param(l.master_bytes + l.optimizer_state_bytes, 1.0));
+        let cpu_optimizer = ceil(all_optimizer * l.optimizer_offload);
+        let optimizer = all_optimizer - cpu_optimizer;
 
         // Micro-batches in flight on this stage, in units of "all the stage's layers once".
         let m = l.grad_accum_steps;
@@ -627,8 +687,10 @@ impl<'a> Config<'a> {
             act_checkpoints = layer_tokens * (n_dense + n_moe) * self.checkpoint;
         } else {
             let (d, e) = (&self.dense_acts, &self.moe_acts);
-            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention);
-            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp);
+            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention)
+                + in_flight * self.rotary_per_mb;
+            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp)
+                + in_flight * n_moe * self.moe_fixed;
             act_norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
         }
         let act_embedding = if first {
@@ -637,10 +699,11 @@ impl<'a> Config<'a> {
             0.0
         };
         let act_logits = if last { self.logits_per_mb } else { 0.0 };
-        let act_working = if n_dense + n_moe > 0.0 {
-            self.working
+        let act_mtp = mtp * self.mtp_per_mb;
+        let (act_working, act_comm) = if n_dense + n_moe + mtp > 0.0 {
+            (self.working, self.comm)
         } else {
-            0.0
+            (0.0, 0.0)
         };
         let activations = ceil(
             act_attention
@@ -649,7 +712,9 @@ impl<'a> Config<'a> {
                 + act_embedding
                 + act_logits
                 + act_checkpoints
-                + act_working,
+                + act_working
+                + act_comm
+                + act_mtp,
         );
         Breakdown {
             params,
@@ -665,7 +730,11 @@ impl<'a> Config<'a> {
             act_logits,
             act_checkpoints,
             act_working,
+            act_comm,
+            act_mtp,
             stage: stage as f64,
+            layers: n_dense + n_moe,
+            cpu_optimizer,
         }
     }
 }

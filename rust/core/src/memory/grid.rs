@@ -9,15 +9,53 @@ use rayon::prelude::*;
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{
-    check_field, estimate, estimate_checked_fields, Breakdown, Prepared, N_OUTPUT_FIELDS,
+    check_field, estimate, estimate_checked_fields, estimate_stages, field_rule, Breakdown,
+    FieldRule, Prepared, N_OUTPUT_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
 
+/// The values of one input, as the caller has them: floats, or integers read as floats
+/// where a cell needs them (a list of a million configurations is mostly integer columns,
+/// which are then never copied).
+#[derive(Debug, Clone, Copy)]
+pub enum Values<'a> {
+    F64(&'a [f64]),
+    I64(&'a [i64]),
+}
+
+impl Values<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F64(values) => values.len(),
+            Values::I64(values) => values.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value `index`; the caller has checked the bounds.
+    #[inline]
+    pub fn get(&self, index: usize) -> f64 {
+        match self {
+            Values::F64(values) => values[index],
+            Values::I64(values) => values[index] as f64,
+        }
+    }
+}
+
+impl<'a> From<&'a [f64]> for Values<'a> {
+    fn from(values: &'a [f64]) -> Self {
+        Values::F64(values)
+    }
+}
+
 /// One broadcast input: `data[sum(index[d] * strides[d])]` is the value of cell `index`.
 #[derive(Debug, Clone, Copy)]
 pub struct GridInput<'a> {
-    pub data: &'a [f64],
+    pub data: Values<'a>,
     pub strides: &'a [usize],
 }
 
@@ -109,41 +147,114 @@ pub fn estimate_grid(
         reasons: zeroed_vec!(u8, cells),
     };
     let prepared = Prepared::new(spec);
+    let is_list = shape.len() == 1 && inputs.iter().all(|input| input.strides[0] <= 1);
+    if is_list {
+        estimate_list(&prepared, inputs, &mut table);
+    } else {
+        estimate_broadcast(&prepared, shape, inputs, &mut table);
+    }
+    Ok(table)
+}
+
+/// Store cell `i`'s estimate (or NaN and its reason) in the block's columns.
+#[inline]
+fn store(
+    columns: &mut [&mut [f64]],
+    reason: &mut u8,
+    i: usize,
+    estimate: std::result::Result<Breakdown, Invalid>,
+) {
+    let row = match estimate {
+        Ok(breakdown) => breakdown.to_values(),
+        Err(invalid) => {
+            *reason = invalid.code();
+            [f64::NAN; N_OUTPUT_FIELDS]
+        }
+    };
+    for (column, value) in columns.iter_mut().zip(row) {
+        column[i] = value;
+    }
+}
+
+/// A grid over a broadcast of inputs, walked with a [`Cursor`].
+fn estimate_broadcast(
+    prepared: &Prepared,
+    shape: &[usize],
+    inputs: &[GridInput<'_>],
+    table: &mut GridTable,
+) {
     // Each field's own check depends on its value alone: run it once per input value
     // instead of once per cell (it was a fifth of a grid's time).
     let field_reasons: Vec<Vec<u8>> = inputs
         .iter()
         .enumerate()
         .map(|(field, input)| {
-            input
-                .data
-                .iter()
-                .map(|&x| check_field(field, x).err().map_or(0, Invalid::code))
+            (0..input.data.len())
+                .map(|i| {
+                    check_field(field, input.data.get(i))
+                        .err()
+                        .map_or(0, Invalid::code)
+                })
                 .collect()
         })
         .collect();
-    for_each_block(&mut table, |first, columns, reasons| {
+    for_each_block(table, |first, columns, reasons| {
         let mut cursor = Cursor::new(shape, inputs, &field_reasons);
         for (i, reason) in reasons.iter_mut().enumerate() {
             cursor.seek(first + i);
-            let layout = Layout::from_values(cursor.values());
             let estimate = match cursor.field_reason() {
-                0 => estimate_checked_fields(&prepared, &layout),
+                0 => estimate_checked_fields(prepared, cursor.layout()),
                 code => Err(INVALID_REASONS[usize::from(code) - 1]),
             };
-            let row = match estimate {
-                Ok(breakdown) => breakdown.to_values(),
-                Err(invalid) => {
-                    *reason = invalid.code();
-                    [f64::NAN; N_OUTPUT_FIELDS]
-                }
-            };
-            for (column, value) in columns.iter_mut().zip(row) {
-                column[i] = value;
-            }
+            store(columns, reason, i, estimate);
         }
     });
-    Ok(table)
+}
+
+/// A list of independent configurations: every input is a scalar or a column with one
+/// value per cell. A cell reads each column once, checking the value as it sets it; only a
+/// cell with a bad value looks for the first bad field in field order. No cursor
+/// bookkeeping, no per-value tables.
+fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut GridTable) {
+    let mut scalars = Layout::default();
+    let mut scalars_ok = true;
+    let mut columns_of: Vec<(usize, FieldRule, Values<'_>)> = Vec::new();
+    for (field, input) in inputs.iter().enumerate() {
+        let (rule, _) = field_rule(field);
+        if input.strides[0] == 0 {
+            scalars.set(field, input.data.get(0));
+            scalars_ok &= rule.accepts(input.data.get(0));
+        } else {
+            columns_of.push((field, rule, input.data));
+        }
+    }
+    for_each_block(table, |first, columns, reasons| {
+        let mut layout = scalars;
+        for (i, reason) in reasons.iter_mut().enumerate() {
+            let mut ok = scalars_ok;
+            for &(field, rule, data) in &columns_of {
+                let x = data.get(first + i);
+                ok &= rule.accepts(x);
+                layout.set(field, x);
+            }
+            let estimate = if ok {
+                estimate_checked_fields(prepared, &layout)
+            } else {
+                Err(first_bad_field(&layout))
+            };
+            store(columns, reason, i, estimate);
+        }
+    });
+}
+
+/// The reason of the first field, in field order, that fails its own check.
+fn first_bad_field(layout: &Layout) -> Invalid {
+    layout
+        .to_values()
+        .iter()
+        .enumerate()
+        .find_map(|(field, &x)| check_field(field, x).err())
+        .unwrap_or(Invalid::Bytes)
 }
 
 /// Run `work(first_cell, columns, reasons)` over blocks of [`CHUNK`] cells in parallel,
@@ -191,7 +302,8 @@ struct Cursor<'s, 'a> {
     index: Vec<usize>,
     moving: Vec<Vec<(usize, usize)>>,
     offsets: [usize; N_LAYOUT_FIELDS],
-    values: [f64; N_LAYOUT_FIELDS],
+    /// The current cell's configuration, updated a field at a time.
+    layout: Layout,
     /// Bit `f` is set while field `f`'s value fails its own check.
     bad_fields: u32,
     /// The flat cell the cursor is on (`usize::MAX` before the first seek).
@@ -217,7 +329,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
             index: vec![0; shape.len()],
             moving,
             offsets: [0; N_LAYOUT_FIELDS],
-            values: [0.0; N_LAYOUT_FIELDS],
+            layout: Layout::default(),
             bad_fields: 0,
             cell: usize::MAX,
         }
@@ -273,7 +385,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
     /// Read field `field`'s value (and its check) at its current offset.
     fn load(&mut self, field: usize) {
         let offset = self.offsets[field];
-        self.values[field] = self.inputs[field].data[offset];
+        self.layout.set(field, self.inputs[field].data.get(offset));
         let bit = 1u32 << field;
         if self.field_reasons[field][offset] == 0 {
             self.bad_fields &= !bit;
@@ -293,9 +405,19 @@ impl<'s, 'a> Cursor<'s, 'a> {
         }
     }
 
-    fn values(&self) -> &[f64; N_LAYOUT_FIELDS] {
-        &self.values
+    fn layout(&self) -> &Layout {
+        &self.layout
     }
+}
+
+/// Every pipeline stage of a single configuration (the spec is validated first): the
+/// stages' breakdowns, or why the configuration is invalid.
+pub fn estimate_all_stages(
+    spec: &ModelSpec,
+    layout: &Layout,
+) -> Result<std::result::Result<Vec<Breakdown>, crate::memory::layout::Invalid>> {
+    spec.validate()?;
+    Ok(estimate_stages(&Prepared::new(spec), layout))
 }
 
 /// Estimate a single configuration (a grid of one cell).
@@ -305,4 +427,39 @@ pub fn estimate_one(
 ) -> Result<std::result::Result<Breakdown, crate::memory::layout::Invalid>> {
     spec.validate()?;
     Ok(estimate(&Prepared::new(spec), layout))
+}
+
+/// For each fixed-width string of `text` (`width` code points each, padded with zeros, as
+/// numpy stores `<U` arrays), the code of the name it equals (`codes[i]` for `names[i]`),
+/// or NaN. Parallel, one comparison of a few code points per name, instead of a dictionary
+/// look-up per value.
+pub fn name_codes(text: &[u32], width: usize, names: &[Vec<u32>], codes: &[f64]) -> Vec<f64> {
+    if width == 0 {
+        return Vec::new();
+    }
+    let padded: Vec<Vec<u32>> = names
+        .iter()
+        .map(|name| {
+            let mut row = name.clone();
+            row.resize(width.max(name.len()), 0);
+            row
+        })
+        .collect();
+    let mut found = vec![f64::NAN; text.len() / width];
+    found
+        .par_chunks_mut(CHUNK)
+        .zip(text.par_chunks(CHUNK * width))
+        .for_each(|(found, text)| {
+            for (code, row) in found.iter_mut().zip(text.chunks_exact(width)) {
+                // The first code point rules out most names without a full comparison.
+                let name = padded
+                    .iter()
+                    .zip(codes)
+                    .find(|(name, _)| name[0] == row[0] && name[..] == *row);
+                if let Some((_, &known)) = name {
+                    *code = known;
+                }
+            }
+        });
+    found
 }

@@ -5,7 +5,7 @@
 //! ([`LAYOUT_FIELDS`]).
 
 /// Names of the layout fields, in the order [`Layout::from_values`] reads them.
-pub const LAYOUT_FIELDS: [&str; 23] = [
+pub const LAYOUT_FIELDS: [&str; 31] = [
     "seq_len",
     "micro_batch",
     "dp",
@@ -29,6 +29,14 @@ pub const LAYOUT_FIELDS: [&str; 23] = [
     "attention",
     "fused_swiglu",
     "overhead_bytes",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pipeline_split",
+    "moe_capacity_factor",
+    "cp_comm",
+    "loss",
+    "fp8",
+    "optimizer_offload",
 ];
 
 /// Number of layout fields.
@@ -87,6 +95,25 @@ pub struct Layout {
     pub fused_swiglu: f64,
     /// Constant bytes added to every GPU (CUDA context, communication buffers...).
     pub overhead_bytes: f64,
+    /// Layers of the first pipeline stage; 0 lets `pipeline_split` decide.
+    pub first_stage_layers: f64,
+    /// Layers of the last pipeline stage; 0 lets `pipeline_split` decide.
+    pub last_stage_layers: f64,
+    /// A [`PipelineSplit`](crate::memory::PipelineSplit) code: 0 even, 1 auto, 2 embedding,
+    /// 3 loss, 4 embedding and loss counted as layers.
+    pub pipeline_split: f64,
+    /// Expert capacity as a multiple of the balanced load, each expert's input padded to
+    /// it (`k * moe_capacity_factor` routed copies per token); 0 for dropless routing with
+    /// a balanced load (`k` copies).
+    pub moe_capacity_factor: f64,
+    /// Context-parallel exchange of keys and values: 0 ring (p2p), 1 all-gather, 2 all-to-all.
+    pub cp_comm: f64,
+    /// 0: logits kept for the loss; 1: fused (chunked) cross-entropy keeps no logits.
+    pub loss: f64,
+    /// 1: FP8 linear layers, whose saved inputs are kept in FP8 (1 byte).
+    pub fp8: f64,
+    /// Fraction of the optimizer state kept in CPU memory (0 to 1).
+    pub optimizer_offload: f64,
 }
 
 impl Default for Layout {
@@ -115,6 +142,14 @@ impl Default for Layout {
             attention: 0.0,
             fused_swiglu: 0.0,
             overhead_bytes: 0.0,
+            first_stage_layers: 0.0,
+            last_stage_layers: 0.0,
+            pipeline_split: 0.0,
+            moe_capacity_factor: 0.0,
+            cp_comm: 0.0,
+            loss: 0.0,
+            fp8: 0.0,
+            optimizer_offload: 0.0,
         }
     }
 }
@@ -122,31 +157,53 @@ impl Default for Layout {
 impl Layout {
     /// Build a layout from values in [`LAYOUT_FIELDS`] order.
     pub fn from_values(v: &[f64; N_LAYOUT_FIELDS]) -> Self {
-        Layout {
-            seq_len: v[0],
-            micro_batch: v[1],
-            dp: v[2],
-            tp: v[3],
-            pp: v[4],
-            cp: v[5],
-            ep: v[6],
-            vpp: v[7],
-            zero: v[8],
-            sequence_parallel: v[9],
-            recompute: v[10],
-            grad_accum_steps: v[11],
-            param_bytes: v[12],
-            grad_bytes: v[13],
-            grad_buffer_bytes: v[14],
-            master_bytes: v[15],
-            optimizer_state_bytes: v[16],
-            activation_bytes: v[17],
-            logits_bytes: v[18],
-            activation_model: v[19],
-            attention: v[20],
-            fused_swiglu: v[21],
-            overhead_bytes: v[22],
+        let mut layout = Layout::default();
+        for (field, &value) in v.iter().enumerate() {
+            layout.set(field, value);
         }
+        layout
+    }
+
+    /// Set field `field` (an index into [`LAYOUT_FIELDS`]; others are ignored).
+    ///
+    /// A grid updates the fields that change from one cell to the next in place.
+    #[inline]
+    pub fn set(&mut self, field: usize, value: f64) {
+        let slot = match field {
+            0 => &mut self.seq_len,
+            1 => &mut self.micro_batch,
+            2 => &mut self.dp,
+            3 => &mut self.tp,
+            4 => &mut self.pp,
+            5 => &mut self.cp,
+            6 => &mut self.ep,
+            7 => &mut self.vpp,
+            8 => &mut self.zero,
+            9 => &mut self.sequence_parallel,
+            10 => &mut self.recompute,
+            11 => &mut self.grad_accum_steps,
+            12 => &mut self.param_bytes,
+            13 => &mut self.grad_bytes,
+            14 => &mut self.grad_buffer_bytes,
+            15 => &mut self.master_bytes,
+            16 => &mut self.optimizer_state_bytes,
+            17 => &mut self.activation_bytes,
+            18 => &mut self.logits_bytes,
+            19 => &mut self.activation_model,
+            20 => &mut self.attention,
+            21 => &mut self.fused_swiglu,
+            22 => &mut self.overhead_bytes,
+            23 => &mut self.first_stage_layers,
+            24 => &mut self.last_stage_layers,
+            25 => &mut self.pipeline_split,
+            26 => &mut self.moe_capacity_factor,
+            27 => &mut self.cp_comm,
+            28 => &mut self.loss,
+            29 => &mut self.fp8,
+            30 => &mut self.optimizer_offload,
+            _ => return,
+        };
+        *slot = value;
     }
 
     /// The values in [`LAYOUT_FIELDS`] order.
@@ -175,6 +232,14 @@ impl Layout {
             self.attention,
             self.fused_swiglu,
             self.overhead_bytes,
+            self.first_stage_layers,
+            self.last_stage_layers,
+            self.pipeline_split,
+            self.moe_capacity_factor,
+            self.cp_comm,
+            self.loss,
+            self.fp8,
+            self.optimizer_offload,
         ]
     }
 
@@ -215,6 +280,14 @@ pub enum Invalid {
     ActivationModel,
     Attention,
     FusedSwiglu,
+    FirstStageLayers,
+    LastStageLayers,
+    PipelineSplit,
+    MoeCapacityFactor,
+    CpComm,
+    Loss,
+    Fp8,
+    OptimizerOffload,
     TpHeads,
     TpKvHeads,
     TpFfn,
@@ -222,11 +295,10 @@ pub enum Invalid {
     EpExperts,
     EpDense,
     EpDpCp,
-    CpSeqLen,
 }
 
 /// Every invalid reason, in code order (code = index + 1).
-pub const INVALID_REASONS: [Invalid; 24] = [
+pub const INVALID_REASONS: [Invalid; 31] = [
     Invalid::SeqLen,
     Invalid::MicroBatch,
     Invalid::Dp,
@@ -243,6 +315,14 @@ pub const INVALID_REASONS: [Invalid; 24] = [
     Invalid::ActivationModel,
     Invalid::Attention,
     Invalid::FusedSwiglu,
+    Invalid::FirstStageLayers,
+    Invalid::LastStageLayers,
+    Invalid::PipelineSplit,
+    Invalid::MoeCapacityFactor,
+    Invalid::CpComm,
+    Invalid::Loss,
+    Invalid::Fp8,
+    Invalid::OptimizerOffload,
     Invalid::TpHeads,
     Invalid::TpKvHeads,
     Invalid::TpFfn,
@@ -250,7 +330,6 @@ pub const INVALID_REASONS: [Invalid; 24] = [
     Invalid::EpExperts,
     Invalid::EpDense,
     Invalid::EpDpCp,
-    Invalid::CpSeqLen,
 ];
 
 impl Invalid {
@@ -282,14 +361,35 @@ impl Invalid {
             Invalid::ActivationModel => "activation_model must be 'modern' or 'korthikanti'",
             Invalid::Attention => "attention must be 'flash' or 'eager'",
             Invalid::FusedSwiglu => "fused_swiglu must be a boolean",
+            Invalid::FirstStageLayers => {
+                "first_stage_layers must be a non-negative integer (0 or None: set by pipeline_split)"
+            }
+            Invalid::LastStageLayers => {
+                "last_stage_layers must be a non-negative integer (0 or None: set by pipeline_split)"
+            }
+            Invalid::PipelineSplit => {
+                "pipeline_split must be 'even', 'auto', 'embedding', 'loss' or 'embedding_and_loss'"
+            }
+            Invalid::MoeCapacityFactor => {
+                "moe_capacity_factor must be a positive number (0 or None: dropless routing)"
+            }
+            Invalid::CpComm => "cp_comm must be 'p2p', 'all_gather' or 'a2a'",
+            Invalid::Loss => "loss must be 'standard' or 'fused'",
+            Invalid::Fp8 => "fp8 must be a boolean",
+            Invalid::OptimizerOffload => "optimizer_offload must be a fraction between 0 and 1",
             Invalid::TpHeads => "tp must divide num_heads",
             Invalid::TpKvHeads => "tp must divide num_kv_heads or be a multiple of it",
             Invalid::TpFfn => "tp must divide ffn_size (and moe_ffn_size)",
-            Invalid::PpLayers => "pp * vpp must divide num_layers",
+            Invalid::PpLayers => {
+                "the layers do not split over pp * vpp pipeline chunks: pp * vpp must divide \
+                 num_layers, or first_stage_layers/last_stage_layers (multiples of vpp, with pp > 1 \
+                 and pipeline_split='even') must leave a multiple of the middle stages, or \
+                 pipeline_split must count the embedding/loss so that the units divide \
+                 (pipeline_split='auto' takes layers off the first and last stages)"
+            }
             Invalid::EpExperts => "ep must divide num_experts",
             Invalid::EpDense => "ep must be 1 for a dense model",
             Invalid::EpDpCp => "ep must divide dp * cp (experts are sharded inside the data-parallel group)",
-            Invalid::CpSeqLen => "cp must divide seq_len",
         }
     }
 }

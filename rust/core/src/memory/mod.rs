@@ -4,20 +4,26 @@
 //!
 //! Formulas and their sources are documented in [`estimate`]; parameter counts in [`spec`].
 
+pub mod activations;
 pub mod estimate;
 pub mod grid;
 pub mod layout;
+pub mod pipeline;
 pub mod spec;
 
+pub use activations::CpComm;
 pub use estimate::{
     check_field, estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS,
     OUTPUT_FIELDS,
 };
-pub use grid::{estimate_grid, estimate_one, GridInput, GridTable};
+pub use grid::{
+    estimate_all_stages, estimate_grid, estimate_one, name_codes, GridInput, GridTable, Values,
+};
 pub use layout::{
     ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
 };
-pub use spec::{FfnType, LayerParams, ModelSpec, NormType};
+pub use pipeline::{PipelineSplit, StageLayers};
+pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, NormType};
 
 #[cfg(test)]
 mod tests;

@@ -51,6 +51,31 @@ impl NormType {
     }
 }
 
+/// Whose kernels run the model: what is saved for backward differs between code bases
+/// (see [`crate::memory::activations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implementation {
+    /// Hugging Face `transformers`' PyTorch modules (norms that upcast to fp32, an fp32
+    /// sigmoid router, grouped-GEMM experts after a sort by expert).
+    Hf,
+    /// Fused kernels as Megatron-Core with Transformer Engine runs them (norms that keep
+    /// only their input and fp32 statistics).
+    Fused,
+}
+
+impl Implementation {
+    /// Parse `"hf"` or `"fused"`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "hf" => Ok(Implementation::Hf),
+            "fused" => Ok(Implementation::Fused),
+            other => Err(Error::invalid(format!(
+                "implementation must be 'hf' or 'fused', got {other:?}"
+            ))),
+        }
+    }
+}
+
 /// Shape of a decoder-only transformer. Sizes are counts of elements, not bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
@@ -78,8 +103,15 @@ pub struct ModelSpec {
     pub moe_ffn_size: u64,
     /// Leading layers that keep a dense MLP (DeepSeek-V3: 3).
     pub first_dense_layers: u64,
-    /// A learned per-expert routing bias (DeepSeek-V3's `e_score_correction_bias`).
+    /// Sigmoid routing with a per-expert correction bias (DeepSeek-V3's
+    /// `e_score_correction_bias`). The bias is a buffer, updated by the load-balancing rule
+    /// rather than by gradients, so it is not a parameter.
     pub router_bias: bool,
+    /// Group-limited routing (DeepSeek-V3's `n_group`): experts in this many groups; 1 or
+    /// 0 for no groups.
+    pub router_groups: u64,
+    /// Groups a token's experts may come from (DeepSeek-V3's `topk_group`).
+    pub router_group_top_k: u64,
     /// Multi-head latent attention (DeepSeek): 0 means a full-rank query projection.
     pub q_lora_rank: u64,
     /// Multi-head latent attention: 0 means ordinary (GQA) attention.
@@ -87,6 +119,12 @@ pub struct ModelSpec {
     pub qk_nope_head_dim: u64,
     pub qk_rope_head_dim: u64,
     pub v_head_dim: u64,
+    /// Multi-token-prediction modules (DeepSeek-V3: 1; Megatron's `--mtp-num-layers`), each
+    /// a projection of `[norm(embedding); norm(hidden)]` (2h x h), a transformer layer like
+    /// the last one and a final norm, sharing the embedding and output layer.
+    pub mtp_layers: u64,
+    /// Whose kernels run the model.
+    pub implementation: Implementation,
 }
 
 /// Parameters of one layer, split by how model parallelism shards them.
@@ -131,6 +169,12 @@ impl ModelSpec {
                 return Err(Error::invalid(format!("{name} must be positive, got 0")));
             }
         }
+        if self.num_layers > 4095 {
+            return Err(Error::invalid(format!(
+                "num_layers={} is more than the 4,095 layers a pipeline split handles",
+                self.num_layers
+            )));
+        }
         if self.num_heads % self.num_kv_heads != 0 {
             return Err(Error::invalid(format!(
                 "num_kv_heads={} must divide num_heads={}",
@@ -152,6 +196,17 @@ impl ModelSpec {
                 return Err(Error::invalid(
                     "moe_ffn_size must be positive for an MoE model",
                 ));
+            }
+            if self.router_groups > 1
+                && (self.num_experts % self.router_groups != 0
+                    || self.router_group_top_k == 0
+                    || self.router_group_top_k > self.router_groups)
+            {
+                return Err(Error::invalid(format!(
+                    "router_groups={} must divide num_experts={} and router_group_top_k={} \
+                     be in [1, router_groups]",
+                    self.router_groups, self.num_experts, self.router_group_top_k
+                )));
             }
             if self.first_dense_layers > self.num_layers {
                 return Err(Error::invalid(format!(
@@ -272,7 +327,7 @@ impl ModelSpec {
         if self.is_moe() && index >= self.first_dense_layers {
             let e = self.num_experts as f64;
             let h = self.hidden_size as f64;
-            params.replicated += h * e + if self.router_bias { e } else { 0.0 };
+            params.replicated += h * e;
             params.tp_split += self.num_shared_experts as f64 * self.mlp_params(self.moe_ffn_size);
             let routed = if active { self.top_k as f64 } else { e };
             params.experts += routed * self.mlp_params(self.moe_ffn_size);
@@ -303,6 +358,18 @@ impl ModelSpec {
         (self.norm_params(self.hidden_size), projection)
     }
 
+    /// Parameters of one multi-token-prediction module besides its transformer layer:
+    /// (replicated norms, tensor-parallel projection).
+    pub fn mtp_extra_params(&self) -> (f64, f64) {
+        let h = self.hidden_size as f64;
+        (3.0 * self.norm_params(self.hidden_size), 2.0 * h * h)
+    }
+
+    /// Parameters of one multi-token-prediction module's transformer layer (like the last).
+    pub fn mtp_layer_params(&self, active: bool) -> LayerParams {
+        self.layer_params(self.num_layers - 1, active)
+    }
+
     fn count(&self, active: bool) -> f64 {
         let (embedding, positions) = self.embedding_params();
         let (final_norm, projection) = self.head_params(false);
@@ -317,10 +384,13 @@ impl ModelSpec {
             let moe_index = self.first_dense_layers;
             total += self.moe_layers() as f64 * self.layer_params(moe_index, active).total();
         }
+        let (norms, projection) = self.mtp_extra_params();
         total
+            + self.mtp_layers as f64 * (norms + projection + self.mtp_layer_params(active).total())
     }
 
-    /// Every parameter of the model (embeddings included, tied ones once).
+    /// Every parameter of the model (embeddings included, tied ones once; multi-token
+    /// prediction modules included, their embedding and output layer being the model's).
     pub fn total_params(&self) -> f64 {
         self.count(false)
     }

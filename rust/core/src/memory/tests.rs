@@ -23,11 +23,15 @@ fn llama(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64) -> ModelSpec {
         moe_ffn_size: 0,
         first_dense_layers: 0,
         router_bias: false,
+        router_groups: 0,
+        router_group_top_k: 0,
         q_lora_rank: 0,
         kv_lora_rank: 0,
         qk_nope_head_dim: 0,
         qk_rope_head_dim: 0,
         v_head_dim: 0,
+        mtp_layers: 0,
+        implementation: Implementation::Fused,
     }
 }
 
@@ -60,6 +64,8 @@ fn deepseek_v3() -> ModelSpec {
         moe_ffn_size: 2048,
         first_dense_layers: 3,
         router_bias: true,
+        router_groups: 8,
+        router_group_top_k: 4,
         q_lora_rank: 1536,
         kv_lora_rank: 512,
         qk_nope_head_dim: 128,
@@ -88,9 +94,10 @@ fn exact_parameter_counts() {
     );
     assert_eq!(mixtral().total_params(), 46_702_792_704.0);
     assert_eq!(mixtral().active_params(), 12_879_925_248.0);
-    // DeepSeek-V3 without its multi-token-prediction module: "671B total, 37B activated".
+    // DeepSeek-V3 without its multi-token-prediction module: "671B total, 37B activated"
+    // (the routing correction bias is a buffer, not a parameter).
     let ds = deepseek_v3();
-    assert_eq!(ds.total_params(), 671_026_419_200.0);
+    assert_eq!(ds.total_params(), 671_026_404_352.0);
     assert!((ds.active_params() / 1e9 - 37.55).abs() < 0.01);
 }
 
@@ -259,6 +266,28 @@ fn modern_layer_counts_every_saved_tensor() {
 }
 
 #[test]
+fn hf_norms_keep_an_fp32_copy_of_their_input() {
+    // Hugging Face's RMSNorm keeps the fp32 upcast input (4h), the fp32 statistic and the
+    // normalized tensor cast back (2h): 4h more per norm than a fused kernel.
+    let fused = llama_8b();
+    let hf = ModelSpec {
+        implementation: Implementation::Hf,
+        ..llama_8b()
+    };
+    let layout = Layout {
+        seq_len: 1.0,
+        ..Layout::default()
+    };
+    let (f, h) = (one(&fused, &layout), one(&hf, &layout));
+    let width = 4096.0;
+    assert_eq!(h.act_norm - f.act_norm, 32.0 * 2.0 * 4.0 * width);
+    assert_eq!(h.act_logits - f.act_logits, 4.0 * width);
+    assert_eq!(h.act_mlp, f.act_mlp);
+    // The cos and sin tables of every position: 2 x 128 head dims x 2 bytes.
+    assert_eq!(h.act_attention - f.act_attention, 2.0 * 128.0 * 2.0);
+}
+
+#[test]
 fn invalid_configurations_report_a_reason() {
     let spec = llama_8b();
     let check = |layout: Layout, reason: Invalid| {
@@ -296,7 +325,6 @@ fn invalid_configurations_report_a_reason() {
         },
         Invalid::Bytes,
     );
-    check(Layout { cp: 3.0, ..base }, Invalid::CpSeqLen);
     let moe = mixtral();
     let layout = Layout {
         ep: 4.0,
@@ -317,6 +345,152 @@ fn invalid_configurations_report_a_reason() {
         assert_eq!(usize::from(reason.code()), i + 1);
         assert!(!reason.message().is_empty());
     }
+}
+
+#[test]
+fn context_parallel_ranks_hold_sequences_padded_to_twice_cp() {
+    // Load-balanced CP pads each sequence to a multiple of 2 cp: 4097 tokens on 4 ranks
+    // become 4104, 1026 per rank, the same as a 4104-token sequence.
+    let spec = llama_8b();
+    let at = |seq_len: f64, cp: f64| {
+        one(
+            &spec,
+            &Layout {
+                seq_len,
+                cp,
+                ..Layout::default()
+            },
+        )
+    };
+    assert_eq!(at(4097.0, 4.0).activations, at(4104.0, 4.0).activations);
+    assert!(at(4096.0, 4.0).activations < at(4097.0, 4.0).activations);
+    // cp = 3 pads 4096 to 4098: 1366 tokens per rank.
+    let per_token = at(1.0, 1.0).act_mlp;
+    assert_eq!(at(4096.0, 3.0).act_mlp, 1366.0 * per_token);
+    // No padding without CP.
+    assert_eq!(at(4097.0, 1.0).act_mlp, 4097.0 * per_token);
+}
+
+#[test]
+fn moe_capacity_and_expert_parallel_buffers() {
+    let spec = mixtral();
+    let base = Layout {
+        seq_len: 1.0,
+        dp: 8.0,
+        ..Layout::default()
+    };
+    let dropless = one(&spec, &base);
+    let padded = |moe_capacity_factor: f64, ep: f64| {
+        one(
+            &spec,
+            &Layout {
+                moe_capacity_factor,
+                ep,
+                ..base
+            },
+        )
+    };
+    assert_eq!(padded(1.0, 1.0), dropless);
+    // Per routed copy: gathered input and expert output (2h), 3 x 14336 inner, the
+    // product, an fp32 weight and an index; capacity 1.5 adds half a copy of each of
+    // the top 2, in every one of the 32 layers.
+    let h = 4096.0;
+    let copy = 2.0 * (2.0 * h + 4.0 * 14336.0) + 4.0 + 8.0;
+    assert_eq!(
+        padded(1.5, 1.0).act_mlp - dropless.act_mlp,
+        32.0 * 2.0 * 0.5 * copy
+    );
+    // Expert parallelism adds the all-to-all send buffer of one layer's routed copies.
+    assert_eq!(dropless.act_comm, 0.0);
+    assert_eq!(padded(0.0, 8.0).act_comm, 2.0 * 2.0 * h);
+    assert_eq!(padded(1.5, 8.0).act_comm, 3.0 * 2.0 * h);
+}
+
+#[test]
+fn context_parallel_key_value_buffers() {
+    // Llama-3-8B has 8 KV heads of 128: 2 x 8 x 128 x 2 bytes of keys and values per token.
+    let spec = llama_8b();
+    let at = |cp: f64, cp_comm: f64| {
+        one(
+            &spec,
+            &Layout {
+                seq_len: 8192.0,
+                cp,
+                cp_comm,
+                ..Layout::default()
+            },
+        )
+        .act_comm
+    };
+    let kv = 2.0 * 8.0 * 128.0 * 2.0;
+    let local = 8192.0 / 4.0;
+    assert_eq!(at(1.0, 0.0), 0.0);
+    assert_eq!(at(4.0, 0.0), local * 2.0 * kv);
+    assert_eq!(at(4.0, 1.0), local * 4.0 * kv);
+    assert_eq!(at(4.0, 2.0), local * (kv + 2.0 * 32.0 * 256.0));
+}
+
+#[test]
+fn fused_loss_fp8_and_optimizer_offload() {
+    let spec = llama_8b();
+    let base = Layout {
+        seq_len: 1.0,
+        ..Layout::default()
+    };
+    let plain = one(&spec, &base);
+    let fused_loss = one(&spec, &Layout { loss: 1.0, ..base });
+    assert_eq!(
+        plain.act_logits - fused_loss.act_logits,
+        4.0 * 128_256.0 - 4.0
+    );
+    // FP8 linear inputs, one byte instead of two: per layer the q/k/v input (saves h), the
+    // MLP input (h) and the down projection's input (f); o_proj keeps a one-byte copy of
+    // the attention output, which the kernel keeps in bf16 (costs h).
+    let fp8 = one(&spec, &Layout { fp8: 1.0, ..base });
+    let (h, f) = (4096.0, 14336.0);
+    assert_eq!(plain.activations - fp8.activations, 32.0 * (h + h + f - h));
+    let offload = one(
+        &spec,
+        &Layout {
+            optimizer_offload: 0.25,
+            ..base
+        },
+    );
+    assert_eq!(offload.cpu_optimizer, plain.optimizer / 4.0);
+    assert_eq!(offload.optimizer + offload.cpu_optimizer, plain.optimizer);
+    assert_eq!(plain.total - offload.total, offload.cpu_optimizer);
+}
+
+#[test]
+fn multi_token_prediction_lives_on_the_last_stage() {
+    let without = deepseek_v3();
+    let with = ModelSpec {
+        mtp_layers: 1,
+        ..deepseek_v3()
+    };
+    // One MTP module: an MoE layer like the last, three norms and a 2h x h projection.
+    let h = 7168.0;
+    let extra = with.total_params() - without.total_params();
+    let moe_layer = without.layer_params(60, false).total();
+    assert_eq!(extra, moe_layer + 3.0 * h + 2.0 * h * h);
+    let layout = Layout {
+        seq_len: 4096.0,
+        pp: 16.0,
+        dp: 64.0,
+        ep: 64.0,
+        pipeline_split: 1.0,
+        ..Layout::default()
+    };
+    let stages = |spec: &ModelSpec| estimate_stages(&Prepared::new(spec), &layout).unwrap();
+    let (plain, mtp) = (stages(&without), stages(&with));
+    assert_eq!(plain[..15], mtp[..15]);
+    assert_eq!(plain[15].act_mtp, 0.0);
+    assert!(mtp[15].act_mtp > 0.0);
+    // The last stage also holds a copy of the embedding (129,280 x 7168).
+    let params = |b: &Breakdown| b.params / 2.0;
+    let embedding = 129_280.0 * h;
+    let expected = params(&plain[15]) + embedding + 3.0 * h + 2.0 * h * h;
+    assert!(params(&mtp[15]) > expected);
 }
 
 #[test]
@@ -349,7 +523,8 @@ fn expert_parallelism_splits_only_experts() {
     );
     let experts = 32.0 * 8.0 * 3.0 * 4096.0 * 14336.0;
     assert_eq!(b1.params - b8.params, 2.0 * (experts - experts / 8.0));
-    assert_eq!(b1.activations, b8.activations);
+    // Saved activations are the same; the all-to-all needs its buffers.
+    assert_eq!(b1.activations + b8.act_comm, b8.activations);
 }
 
 /// Grid inputs holding `defaults` as scalars, except the listed `(field, values, strides)`.
@@ -361,12 +536,15 @@ fn grid_inputs<'a>(
     let mut inputs: Vec<GridInput<'a>> = defaults
         .iter()
         .map(|v| GridInput {
-            data: std::slice::from_ref(v),
+            data: std::slice::from_ref(v).into(),
             strides: scalar_strides,
         })
         .collect();
     for &(field, data, strides) in varying {
-        inputs[field] = GridInput { data, strides };
+        inputs[field] = GridInput {
+            data: data.into(),
+            strides,
+        };
     }
     inputs
 }
@@ -404,7 +582,7 @@ fn grid_broadcasts_and_marks_invalid_cells() {
     // tp = 3 divides neither the 32 heads nor the 8 KV heads.
     assert_eq!(invalid, 2);
     let bad = GridInput {
-        data: &tp,
+        data: tp[..].into(),
         strides: &[1, 1],
     };
     inputs[3] = bad;
@@ -490,8 +668,16 @@ proptest! {
         // that every pp divides), so stages differ in their layers as well as in flight.
         let deepseek = ModelSpec { num_layers: 64, first_dense_layers: first_dense, ..deepseek_v3() };
         let llama = ModelSpec { tied_embeddings: tied, ..llama_8b() };
-        for spec in [llama, mixtral(), deepseek] {
+        // And uneven stages: 61 layers split by the auto rule, 126 with explicit ends.
+        let deepseek_61 = ModelSpec { first_dense_layers: first_dense, ..deepseek_v3() };
+        let llama_126 = ModelSpec { num_layers: 126, ..llama_8b() };
+        let uneven = [(deepseek_61, 1.0, 0.0, 0.0), (llama_126, 0.0, 6.0, 8.0)];
+        let even = [llama, mixtral(), deepseek].map(|spec| (spec, 0.0, 0.0, 0.0));
+        for (spec, pipeline_split, first_stage_layers, last_stage_layers) in even.into_iter().chain(uneven) {
             let layout = Layout {
+                pipeline_split,
+                first_stage_layers: if pp > 1.0 { first_stage_layers } else { 0.0 },
+                last_stage_layers: if pp > 1.0 { last_stage_layers } else { 0.0 },
                 seq_len,
                 micro_batch: f64::from(mb),
                 dp,
@@ -592,4 +778,299 @@ fn each_field_check_names_its_field() {
         );
         assert_eq!(check_field(field, -1.0).unwrap_err(), reason, "{name}");
     }
+}
+
+#[test]
+fn pipeline_splits_of_published_layouts() {
+    // Llama 3.1 405B on 16 stages: one layer fewer on the first and the last stage
+    // (Dubey et al. 2024), which is Megatron's embedding-and-loss accounting.
+    let auto = StageLayers::new(126, 16, 1, PipelineSplit::Auto, 0, 0).unwrap();
+    let accounted = StageLayers::new(126, 16, 1, PipelineSplit::EmbeddingAndLoss, 0, 0).unwrap();
+    let explicit = StageLayers::new(126, 16, 1, PipelineSplit::Even, 7, 7).unwrap();
+    for split in [auto, accounted, explicit] {
+        let layers: Vec<u64> = (0..16).map(|i| split.stage_layers(i)).collect();
+        assert_eq!(layers, [vec![7], vec![8; 14], vec![7]].concat());
+    }
+    // 61 layers on 16 stages: 3 + 14 x 4 + 2 (Megatron-LM's Kimi-K2 configuration).
+    let deepseek = StageLayers::new(61, 16, 1, PipelineSplit::Auto, 0, 0).unwrap();
+    let layers: Vec<u64> = (0..16).map(|i| deepseek.stage_layers(i)).collect();
+    assert_eq!(layers, [vec![3], vec![4; 14], vec![2]].concat());
+    assert_eq!(deepseek.leading_layers_on(0, 3), 3);
+    assert_eq!(deepseek.leading_layers_on(1, 3), 0);
+    // Even splits need divisibility; so do the accounted units.
+    assert!(StageLayers::new(61, 16, 1, PipelineSplit::Even, 0, 0).is_none());
+    assert!(StageLayers::new(61, 16, 1, PipelineSplit::EmbeddingAndLoss, 0, 0).is_none());
+    assert!(StageLayers::new(126, 16, 1, PipelineSplit::Auto, 7, 7).is_none());
+    assert!(StageLayers::new(126, 1, 1, PipelineSplit::Even, 7, 0).is_none());
+    // Interleaving: explicit stage sizes must be multiples of vpp.
+    assert!(StageLayers::new(126, 16, 2, PipelineSplit::Even, 7, 7).is_none());
+    let interleaved = StageLayers::new(128, 16, 2, PipelineSplit::Even, 6, 10).unwrap();
+    assert_eq!(interleaved.chunk_layers(0, 1), 3);
+    assert_eq!(interleaved.chunk_layers(15, 0), 5);
+    assert_eq!(interleaved.stage_layers(7), 8);
+}
+
+/// Megatron-LM's `get_num_layers_to_build` and `get_transformer_layer_offset` for one
+/// virtual stage, transcribed (vpp given explicitly; `first`/`last` 0 when not set).
+fn megatron_chunk(
+    num_layers: u64,
+    pp: u64,
+    vpp: u64,
+    split: PipelineSplit,
+    (first, last): (u64, u64),
+    (stage, chunk): (u64, u64),
+) -> (u64, u64) {
+    let (is_first, is_last) = (stage == 0, stage == pp - 1);
+    let (embedding, loss) = match split {
+        PipelineSplit::Embedding => (true, false),
+        PipelineSplit::Loss => (false, true),
+        PipelineSplit::EmbeddingAndLoss => (true, true),
+        _ => (false, false),
+    };
+    if first > 0 || last > 0 {
+        let middle_stages = pp - u64::from(first > 0) - u64::from(last > 0);
+        let middle_layers = num_layers - first - last;
+        let per_stage = if is_first && first > 0 {
+            first
+        } else if is_last && last > 0 {
+            last
+        } else {
+            middle_layers.checked_div(middle_stages).unwrap_or(0)
+        };
+        let (f, l, m) = (first / vpp, last / vpp, middle_layers / vpp);
+        let middle_rank = if first > 0 {
+            stage.saturating_sub(1)
+        } else {
+            stage
+        };
+        let offset = if stage == 0 {
+            chunk * (f + m + l)
+        } else {
+            // Megatron divides by the middle stages here even when there are none (pp = 2
+            // with both ends given); the product is 0 then.
+            chunk * (f + m + l) + f + middle_rank * m.checked_div(middle_stages).unwrap_or(0)
+        };
+        return (per_stage / vpp, offset);
+    }
+    let units = num_layers + u64::from(embedding) + u64::from(loss);
+    let per_chunk = units / pp / vpp;
+    let mut count = per_chunk;
+    if embedding && is_first && chunk == 0 {
+        count -= 1;
+    }
+    if loss && is_last && chunk == vpp - 1 {
+        count -= 1;
+    }
+    let mut offset = (chunk * pp + stage) * per_chunk;
+    if embedding && (stage, chunk) != (0, 0) {
+        offset -= 1;
+    }
+    (count, offset)
+}
+
+proptest! {
+    #[test]
+    fn pipeline_splits_agree_with_megatron(
+        num_layers in 1u64..140,
+        pp in 1u64..17,
+        vpp in 1u64..4,
+        split in 0u8..5,
+        first in 0u64..12,
+        last in 0u64..12,
+        leading in 0u64..8,
+    ) {
+        let split = PipelineSplit::from_code(f64::from(split)).unwrap();
+        let Some(stages) = StageLayers::new(num_layers, pp, vpp, split, first, last) else {
+            return Ok(());
+        };
+        let mut next_layer = 0;
+        for virtual_stage in 0..pp * vpp {
+            let (stage, chunk) = (virtual_stage % pp, virtual_stage / pp);
+            let count = stages.chunk_layers(stage, chunk);
+            if split != PipelineSplit::Auto {
+                let reference = megatron_chunk(num_layers, pp, vpp, split, (first, last), (stage, chunk));
+                prop_assert_eq!((count, next_layer), reference, "stage {} chunk {}", stage, chunk);
+            }
+            next_layer += count;
+        }
+        prop_assert_eq!(next_layer, num_layers);
+        let total: u64 = (0..pp).map(|i| stages.stage_layers(i)).sum();
+        prop_assert_eq!(total, num_layers);
+        let leading_total: u64 = (0..pp).map(|i| stages.leading_layers_on(i, leading)).sum();
+        prop_assert_eq!(leading_total, leading.min(num_layers));
+        if split == PipelineSplit::Auto {
+            // Auto never gives the first or last stage more layers than a middle one, and
+            // is the even split whenever that exists.
+            let most = (0..pp).map(|i| stages.stage_layers(i)).max().unwrap();
+            prop_assert!(stages.stage_layers(0) <= most && stages.stage_layers(pp - 1) <= most);
+            if num_layers % (pp * vpp) == 0 {
+                prop_assert!((0..pp).all(|i| stages.stage_layers(i) == num_layers / pp));
+            }
+        }
+    }
+}
+
+/// seq_len, dp, tp, pp, recompute, pipeline split, expert parallelism (0: 1, 1: 2).
+type ListCell = (f64, f64, f64, f64, u32, u32, u32);
+
+proptest! {
+    #[test]
+    fn a_list_of_configurations_equals_single_estimates(
+        cells in prop::collection::vec(
+            (
+                prop::sample::select(vec![1024.0, 4096.0, 8192.0, -1.0]),
+                prop::sample::select(vec![1.0, 2.0, 3.0, 8.0]),
+                prop::sample::select(vec![1.0, 2.0, 4.0, 3.0]),
+                prop::sample::select(vec![1.0, 2.0, 3.0, 4.0]),
+                0u32..5,
+                0u32..3,
+                0u32..2,
+            ),
+            1..200,
+        ),
+        zero in prop::sample::select(vec![0.0, 1.0, 7.0]),
+    ) {
+        // Columns for seq_len, dp, tp, pp, zero... and a scalar `zero` that may itself be
+        // invalid (then every cell reports it, unless an earlier field fails first).
+        let spec = mixtral();
+        let defaults = Layout::default().to_values();
+        let column = |f: &dyn Fn(&ListCell) -> f64| -> Vec<f64> {
+            cells.iter().map(f).collect()
+        };
+        let seq = column(&|c| c.0);
+        let dp = column(&|c| c.1);
+        let tp = column(&|c| c.2);
+        let pp = column(&|c| c.3);
+        let recompute = column(&|c| f64::from(c.4));
+        let split = column(&|c| f64::from(c.5));
+        let ep = column(&|c| if c.6 == 1 { 2.0 } else { 1.0 });
+        let zero_value = [zero];
+        let mut inputs = grid_inputs(
+            &defaults,
+            &[0],
+            &[
+                (0, &seq, &[1]),
+                (2, &dp, &[1]),
+                (3, &tp, &[1]),
+                (4, &pp, &[1]),
+                (6, &ep, &[1]),
+                (10, &recompute, &[1]),
+                (25, &split, &[1]),
+            ],
+        );
+        inputs[8] = GridInput { data: zero_value[..].into(), strides: &[0] };
+        let out = estimate_grid(&spec, &[cells.len()], &inputs).unwrap();
+        for (i, _) in cells.iter().enumerate() {
+            let layout = Layout {
+                seq_len: seq[i],
+                dp: dp[i],
+                tp: tp[i],
+                pp: pp[i],
+                ep: ep[i],
+                recompute: recompute[i],
+                pipeline_split: split[i],
+                zero,
+                ..Layout::default()
+            };
+            let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[i]).collect();
+            match estimate_one(&spec, &layout).unwrap() {
+                Ok(b) => {
+                    prop_assert_eq!(out.reasons[i], 0);
+                    prop_assert_eq!(row, b.to_values().to_vec());
+                }
+                Err(reason) => {
+                    prop_assert_eq!(out.reasons[i], reason.code());
+                    prop_assert!(row.iter().all(|v| v.is_nan()));
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn field_checks_are_the_plain_definitions(
+        field in 0usize..N_LAYOUT_FIELDS,
+        x in prop_oneof![
+            prop::sample::select(vec![
+                0.0, -0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 1.5, -1.0, 2.0f64.powi(52),
+                2.0f64.powi(52) + 1.0, 2.0f64.powi(53) + 2.0, 1e300, f64::MAX, f64::INFINITY,
+                f64::NEG_INFINITY, f64::NAN, f64::MIN_POSITIVE, 4503599627370495.5,
+            ]),
+            any::<f64>(),
+            (0u64..10).prop_map(|n| n as f64),
+        ],
+    ) {
+        // The branch-free checks, against their definitions.
+        let whole = x.is_finite() && x.fract() == 0.0;
+        let expected = match field {
+            0..=7 => whole && x >= 1.0,
+            8 => whole && (0.0..=3.0).contains(&x),
+            9 | 19 | 20 | 21 | 28 | 29 => x == 0.0 || x == 1.0,
+            10 | 27 => x == 0.0 || x == 1.0 || x == 2.0,
+            11 | 23 | 24 => whole && x >= 0.0,
+            25 => whole && (0.0..=4.0).contains(&x),
+            30 => (0.0..=1.0).contains(&x),
+            _ => x.is_finite() && x >= 0.0,
+        };
+        prop_assert_eq!(check_field(field, x).is_ok(), expected, "field {} x {}", field, x);
+    }
+}
+
+#[test]
+fn set_writes_the_field_named_by_its_index() {
+    for field in 0..N_LAYOUT_FIELDS {
+        let mut layout = Layout::default();
+        layout.set(field, 1234.5);
+        let values = layout.to_values();
+        for (other, &value) in values.iter().enumerate() {
+            let expected = if other == field {
+                1234.5
+            } else {
+                Layout::default().to_values()[other]
+            };
+            assert_eq!(value, expected, "set({field}) changed field {other}");
+        }
+        assert_eq!(Layout::from_values(&values), layout);
+    }
+    let mut layout = Layout::default();
+    layout.set(N_LAYOUT_FIELDS, 1.0);
+    assert_eq!(layout, Layout::default());
+}
+
+#[test]
+fn name_codes_match_whole_fixed_width_names() {
+    let row = |s: &str, width: usize| -> Vec<u32> {
+        let mut codes: Vec<u32> = s.chars().map(u32::from).collect();
+        codes.resize(width, 0);
+        codes
+    };
+    let names: Vec<Vec<u32>> = ["none", "selective", "full"]
+        .iter()
+        .map(|s| s.chars().map(u32::from).collect())
+        .collect();
+    let words = ["full", "none", "nonex", "selective", "", "Full", "fullx"];
+    let text: Vec<u32> = words.iter().flat_map(|w| row(w, 9)).collect();
+    let codes = [0.0, 1.0, 2.0];
+    let found = name_codes(&text, 9, &names, &codes);
+    let shown: Vec<Option<usize>> = found
+        .iter()
+        .map(|&x| (!x.is_nan()).then_some(x as usize))
+        .collect();
+    assert_eq!(shown, [Some(2), Some(0), None, Some(1), None, None, None]);
+    // A name longer than the strings cannot match; an empty array gives no indices.
+    let narrow: Vec<u32> = ["full", "none"].iter().flat_map(|w| row(w, 4)).collect();
+    let found = name_codes(&narrow, 4, &names, &codes);
+    assert_eq!(found[0], 2.0);
+    assert_eq!(found[1], 0.0);
+    assert!(name_codes(&[], 4, &names, &codes).is_empty());
+    // Many rows, across parallel chunks.
+    let many: Vec<u32> = (0..10_000)
+        .flat_map(|i| row(["none", "full"][i % 2], 9))
+        .collect();
+    let found = name_codes(&many, 9, &names, &[7.0, 8.0, 9.0]);
+    assert!(found
+        .iter()
+        .enumerate()
+        .all(|(i, &x)| x == [7.0, 9.0][i % 2]));
 }

@@ -1,0 +1,355 @@
+//! Bytes a transformer layer saves for its backward pass, per token of a micro-batch.
+//!
+//! # `modern`, tensor by tensor
+//! `e` is the activation dtype's size, `h` the hidden size, `a` and `g` the query and
+//! key/value heads of a rank, `dq`/`dv` the query/key and value head sizes, `f` the MLP
+//! width of a rank, `s` the key length, `k` the experts per token, `E` the routed experts.
+//! Tensors on the residual stream (norm inputs, layer inputs) are divided by `tp` under
+//! sequence parallelism.
+//!
+//! The [`Implementation`] says which code base's kernels save what:
+//!
+//! * **norms**: `hf` RMSNorm upcasts its input to fp32 and keeps that copy, the fp32
+//!   reciprocal RMS and the normalized tensor cast back before the weight multiply
+//!   (`(4 + e) w + 4`); a `fused` kernel keeps its input and the fp32 statistic (`e w + 4`);
+//!   LayerNorm (PyTorch's own kernel in both) keeps its input, mean and reciprocal std
+//!   (`e w + 8`).
+//! * **attention**: the input of the q/k/v projections (`e h`); with flash attention
+//!   q, k and v as the kernel gets them (GQA keys and values unexpanded), the output, which
+//!   is also the output projection's input, and the fp32 log-sum-exp (`4 a`); with eager
+//!   attention keys and values expanded to the query heads, the softmax probabilities
+//!   (`hf`: fp32 plus a copy in the activation dtype; `fused`: the activation dtype) and
+//!   a contiguous copy of the output for the projection.
+//! * **multi-head latent attention**: the two low-rank paths each keep a norm and the
+//!   up-projection's input; `hf` keeps the values as a view of the up-projection's output
+//!   (`e a (d_nope + dv)`) and copies the output before the projection, `fused` keeps the
+//!   rotary key part separately.
+//! * **MLP**: its input and, for SwiGLU, gate, up, silu(gate) and their product (`4 e f`;
+//!   3 tensors when `fused_swiglu`); GeLU: the fc1 output and the GeLU output.
+//! * **MoE**: the layer input and the router's tensors (`hf` softmax routers: fp32
+//!   probabilities, int64 top-k indices, the fp32 sum and normalized weights; `hf`
+//!   sigmoid routers with a correction bias, DeepSeek-V3's, run in fp32: an fp32 copy of
+//!   the input and, for weights not in fp32, of the router weight, the fp32 scores and a
+//!   byte mask per expert, with group-limited routing the int64 indices of the groups' top
+//!   scores and of the chosen groups); per routed copy of a token the gathered expert input and the
+//!   expert output (`2 e h`), the expert's inner activations, its fp32 routing weight and
+//!   the int64 indices of the sort by expert (3 in `hf`'s grouped GEMM, 1 in `fused`);
+//!   shared experts their inner activations.
+//! * **rotary tables** (`hf`): cos and sin of every position, once per micro-batch.
+//!
+//! With FP8 linear layers, the inputs linear layers keep for backward (of the q/k/v, MLA
+//! up-, output, MLP and expert projections) are kept in FP8 (1 byte); where such an input
+//! is also kept by another operation in the activation dtype (the attention output under
+//! flash attention), the FP8 copy comes on top.
+//!
+//! Selective recomputation drops the attention core's own tensors (log-sum-exp or
+//! probabilities) and recomputes the MLP activation function (Megatron-Core's
+//! `recompute_modules = core_attn, mlp activation`).
+//!
+//! # `korthikanti`
+//! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
+
+use crate::memory::spec::{FfnType, Implementation, ModelSpec, NormType};
+
+/// How context-parallel ranks exchange keys and values (the `cp_comm` layout field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpComm {
+    /// A ring (Transformer Engine's p2p): each rank sends its chunk on while it receives
+    /// the next, two chunks of keys and values in flight.
+    P2p,
+    /// Every rank gathers the keys and values of the whole sequence.
+    AllGather,
+    /// Ulysses-style all-to-all: q, k, v and the output re-laid out from sequence to heads.
+    A2a,
+}
+
+impl CpComm {
+    /// The kind of a `cp_comm` code (0, 1 or 2; validated before).
+    pub fn from_code(code: f64) -> Self {
+        match code as u8 {
+            1 => CpComm::AllGather,
+            2 => CpComm::A2a,
+            _ => CpComm::P2p,
+        }
+    }
+}
+
+/// Activation bytes per local token of one layer, by block.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct LayerActs {
+    pub attention: f64,
+    pub mlp: f64,
+    pub norm: f64,
+}
+
+impl LayerActs {
+    pub fn total(&self) -> f64 {
+        self.attention + self.mlp + self.norm
+    }
+}
+
+/// Per-configuration constants of the activation formulas.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActCtx {
+    /// Bytes per element of activations.
+    pub e: f64,
+    pub t: f64,
+    /// Divisor of tensors on the residual stream: `tp` with sequence parallelism, else 1.
+    pub rep: f64,
+    /// Key/value heads on a rank (at least one: replicated when `tp` exceeds them).
+    pub kv_per_rank: f64,
+    /// Keys each query attends to (the local sequence).
+    pub key_len: f64,
+    pub eager: bool,
+    pub fused_swiglu: bool,
+    pub selective: bool,
+    /// Bytes per element of the weights (an fp32 router copies lower-precision ones).
+    pub param_bytes: f64,
+    /// Bytes per element of the inputs linear layers keep (1 with FP8 linear layers).
+    pub lin: f64,
+    /// Routed copies of a token an expert-parallel rank processes (`k`, or `k` times the
+    /// capacity factor when experts' inputs are padded to capacity).
+    pub copies: f64,
+}
+
+/// The activation formulas of one model under one configuration.
+pub(crate) struct Activations<'a> {
+    spec: &'a ModelSpec,
+    c: ActCtx,
+    hf: bool,
+}
+
+impl<'a> Activations<'a> {
+    pub fn new(spec: &'a ModelSpec, c: ActCtx) -> Self {
+        Activations {
+            spec,
+            c,
+            hf: spec.implementation == Implementation::Hf,
+        }
+    }
+
+    /// A norm of width `width` on the residual stream's tokens.
+    fn norm(&self, width: f64) -> f64 {
+        let e = self.c.e;
+        let bytes = match (self.spec.norm, self.hf) {
+            (NormType::RmsNorm, true) => (4.0 + e) * width + 4.0,
+            (NormType::RmsNorm, false) => e * width + 4.0,
+            (NormType::LayerNorm, _) => e * width + 8.0,
+        };
+        bytes / self.c.rep
+    }
+
+    /// The inner activations of an MLP of width `ffn` (whole, not per rank): for SwiGLU
+    /// gate and up, and unless recomputed silu(gate) (not kept with `fused_swiglu`) and the
+    /// product, the down projection's input; for GeLU fc1's output and the GeLU output.
+    fn mlp_inner(&self, ffn: f64) -> f64 {
+        let c = &self.c;
+        let (kept, down_input) = match (self.spec.ffn_type, c.selective, c.fused_swiglu) {
+            (FfnType::SwiGlu, true, _) => (2.0, false),
+            (FfnType::SwiGlu, false, true) => (2.0, true),
+            (FfnType::SwiGlu, false, false) => (3.0, true),
+            (FfnType::Gelu, true, _) => (1.0, false),
+            (FfnType::Gelu, false, _) => (1.0, true),
+        };
+        let down = if down_input { c.lin } else { 0.0 };
+        (kept * c.e + down) * ffn / c.t
+    }
+
+    /// The attention block: projections' input, q/k/v, core, output.
+    fn attention(&self) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        let e = c.e;
+        let h = s.hidden_size as f64;
+        let a = s.num_heads as f64 / c.t;
+        let dq = s.qk_head_dim() as f64;
+        let dv = s.v_dim() as f64;
+        let input = c.lin * h / c.rep;
+        let query = e * a * dq;
+        let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
+        if c.eager {
+            let probabilities = if c.selective {
+                0.0
+            } else if self.hf {
+                let copy = if e < 4.0 { e } else { 0.0 };
+                (4.0 + copy) * a * c.key_len
+            } else {
+                e * a * c.key_len
+            };
+            // Keys and values expanded to every query head; the output copied for `o_proj`.
+            let keys_values = e * a * (dq + dv);
+            return input + mla_paths + query + keys_values + probabilities + c.lin * a * dv;
+        }
+        let lse = if c.selective { 0.0 } else { 4.0 * a };
+        let keys_values = if !s.is_mla() {
+            e * c.kv_per_rank * (dq + dv)
+        } else if self.hf {
+            // Keys with the rotary part expanded; values a view of the up-projection's
+            // output (no-position keys and values).
+            e * a * dq + e * a * (s.qk_nope_head_dim as f64 + dv)
+        } else {
+            e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
+        };
+        // The kernel keeps its output; `o_proj` keeps the same tensor, unless it keeps an
+        // FP8 copy or (`hf` MLA) a contiguous copy.
+        let output = e * a * dv;
+        let projection_input = if (s.is_mla() && self.hf) || c.lin < e {
+            c.lin * a * dv
+        } else {
+            0.0
+        };
+        input + mla_paths + query + keys_values + lse + output + projection_input
+    }
+
+    /// MLA's low-rank query and key/value paths: a norm and the up-projection's input each.
+    fn mla_paths(&self) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        let path = |rank: u64| {
+            if rank == 0 {
+                0.0
+            } else {
+                self.norm(rank as f64) + c.lin * rank as f64 / c.rep
+            }
+        };
+        path(s.q_lora_rank) + path(s.kv_lora_rank)
+    }
+
+    /// The MLP or MoE block of a layer, per token, and bytes per micro-batch that do not
+    /// scale with its tokens (an fp32 copy of the router weight).
+    fn mlp(&self, moe: bool) -> (f64, f64) {
+        let (s, c) = (self.spec, &self.c);
+        let e = c.e;
+        let h = s.hidden_size as f64;
+        let input = c.lin * h / c.rep;
+        if !moe {
+            return (input + self.mlp_inner(s.ffn_size as f64), 0.0);
+        }
+        // The MoE input goes to the router, which is not an FP8 layer.
+        let input = e * h / c.rep;
+        let k = s.top_k as f64;
+        let experts = s.num_experts as f64;
+        let shared = self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64);
+        let (router, indices, router_weight) = if !self.hf {
+            (4.0 * experts + 12.0 * k, 8.0, 0.0)
+        } else if s.router_bias {
+            // Sigmoid router in fp32 (DeepSeek-V3): an fp32 copy of the input (and of the
+            // weight) unless they are fp32 already, the scores, the expert mask, top-k
+            // indices, the normalizer and the normalized weights.
+            let input_copy = if e < 4.0 { 4.0 * h } else { 0.0 };
+            let weight_copy = if c.param_bytes < 4.0 {
+                4.0 * experts * h
+            } else {
+                0.0
+            };
+            // Group-limited routing keeps the int64 indices of each group's top two scores
+            // and of the chosen groups.
+            let groups = if s.router_groups > 1 {
+                16.0 * s.router_groups as f64 + 8.0 * s.router_group_top_k as f64
+            } else {
+                0.0
+            };
+            (
+                input_copy + 5.0 * experts + 12.0 * k + 4.0 + groups,
+                24.0,
+                weight_copy,
+            )
+        } else {
+            // Softmax router: fp32 probabilities, top-k indices, normalizer and weights.
+            (4.0 * experts + 12.0 * k + 4.0, 24.0, 0.0)
+        };
+        // A low-precision input upcast by an fp32 router is kept only by shared experts.
+        let keeps_input = !(self.hf && s.router_bias && e < 4.0) || s.num_shared_experts > 0;
+        let routed = c.copies
+            * ((c.lin + e) * h / c.rep
+                + self.mlp_inner(s.moe_ffn_size as f64)
+                + (4.0 + indices) / c.rep);
+        let per_token = if keeps_input { input } else { 0.0 } + router / c.rep + routed + shared;
+        (per_token, router_weight)
+    }
+
+    /// One layer per token, and its bytes per micro-batch that do not scale with tokens.
+    ///
+    /// Inlined: a grid calls it for every cell, and the result returned through memory
+    /// stalled when copied back over its fresh stores.
+    #[inline(always)]
+    pub fn layer(&self, moe: bool) -> (LayerActs, f64) {
+        let h = self.spec.hidden_size as f64;
+        let (mlp, fixed) = self.mlp(moe);
+        let acts = LayerActs {
+            attention: self.attention(),
+            mlp,
+            norm: 2.0 * self.norm(h),
+        };
+        (acts, fixed)
+    }
+
+    /// The final norm and the output projection's input, per token (logits excluded).
+    pub fn head(&self) -> f64 {
+        let h = self.spec.hidden_size as f64;
+        self.norm(h) + self.c.e * h / self.c.rep
+    }
+
+    /// A multi-token-prediction module's own inputs per token: the norms of the embedding
+    /// and of the hidden state, and their concatenation, the projection's input.
+    pub fn mtp_inputs(&self) -> f64 {
+        let h = self.spec.hidden_size as f64;
+        2.0 * self.norm(h) + 2.0 * self.c.lin * h / self.c.rep
+    }
+
+    /// Communication buffers per token of the busiest layer, live while it runs: the
+    /// all-to-all send buffer of the routed copies (`ep > 1`), or the keys and values in
+    /// flight between context-parallel ranks (`cp > 1`); the larger, since they are
+    /// not live at once.
+    pub fn comm_buffers(&self, ep: f64, cp: f64, cp_comm: CpComm) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        let h = s.hidden_size as f64;
+        let expert = if ep > 1.0 && s.is_moe() {
+            c.copies * c.e * h / c.rep
+        } else {
+            0.0
+        };
+        let context = if cp > 1.0 {
+            let a = s.num_heads as f64 / c.t;
+            let (dq, dv) = (s.qk_head_dim() as f64, s.v_dim() as f64);
+            let kv_heads = if s.is_mla() { a } else { c.kv_per_rank };
+            let keys_values = c.e * kv_heads * (dq + dv);
+            match cp_comm {
+                CpComm::P2p => 2.0 * keys_values,
+                CpComm::AllGather => cp * keys_values,
+                CpComm::A2a => keys_values + c.e * a * (dq + dv),
+            }
+        } else {
+            0.0
+        };
+        expert.max(context)
+    }
+
+    /// Rotary tables kept per micro-batch for `positions` positions (`hf`: cos and sin).
+    pub fn rotary_tables(&self, positions: f64) -> f64 {
+        if !self.hf || self.spec.learned_positions > 0 {
+            return 0.0;
+        }
+        let rope = if self.spec.is_mla() {
+            self.spec.qk_rope_head_dim
+        } else {
+            self.spec.head_dim
+        };
+        2.0 * positions * rope as f64 * self.c.e
+    }
+
+    /// Korthikanti et al. 2022, table 2, per token of one layer.
+    #[inline(always)]
+    pub fn korthikanti_layer(&self) -> LayerActs {
+        let (s, c) = (self.spec, &self.c);
+        let h = s.hidden_size as f64;
+        let scores = if c.selective {
+            0.0
+        } else {
+            5.0 * s.num_heads as f64 * c.key_len / c.t
+        };
+        LayerActs {
+            attention: 3.0 * h / c.rep + 8.0 * h / c.t + scores,
+            mlp: 3.0 * h / c.rep + 16.0 * h / c.t,
+            norm: 4.0 * h / c.rep,
+        }
+    }
+}
