@@ -35,13 +35,14 @@ pub fn build(
     totals: BinTotals,
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
+    outputs: OutputBuffers,
 ) -> Packing {
     let n = segments.len();
     let bin_offsets = offsets_of(&totals.sizes);
     let (indices, lengths, starts) = if n <= DIRECT_SCATTER_MAX {
-        scatter_direct(segments, &bin_of.into_listed(), &bin_offsets)
+        scatter_direct(segments, &bin_of.into_listed(), &bin_offsets, outputs)
     } else {
-        scatter_bucketed(segments, &bin_of, &bin_offsets, options.capacity())
+        scatter_bucketed(segments, &bin_of, &bin_offsets, options.capacity(), outputs)
     };
     let segment_cost = totals.costs.iter().sum();
     let bin_tokens = padded_cost
@@ -70,6 +71,41 @@ const DIRECT_SCATTER_MAX: usize = 1 << 20;
 
 type Outputs = (Vec<i64>, Vec<i64>, Vec<i64>);
 
+/// The output arrays of a packing, zeroed, for the layout to fill: `indices`, `lengths`
+/// and, if some sequence was split, `starts`.
+pub struct OutputBuffers(Outputs);
+
+impl OutputBuffers {
+    /// Zeroed outputs for `segments`. With `touched`, every page is written now: made on
+    /// one core while the assignment runs on another, the page faults and clearing of the
+    /// fresh memory (about a sixth of packing a million sequences) leave the path of the
+    /// pack. Otherwise the memory is mapped as the layout first writes it.
+    pub fn new(segments: &Segments, touched: bool) -> Self {
+        let n = segments.len();
+        let zeros = |n: usize| {
+            let mut zeros = zeroed_vec!(i64, n);
+            if touched {
+                // One write per page maps it (fresh memory is cleared by the kernel; reused
+                // memory was cleared by the allocator). The compiler may not know the
+                // memory is zero already, or it would drop the writes.
+                for page in std::hint::black_box(&mut zeros[..]).chunks_mut(I64_PER_PAGE) {
+                    page[0] = 0;
+                }
+            }
+            zeros
+        };
+        let starts = if segments.starts.is_some() {
+            zeros(n)
+        } else {
+            Vec::new()
+        };
+        Self((zeros(n), zeros(n), starts))
+    }
+}
+
+/// `i64`s per (small) page of memory.
+const I64_PER_PAGE: usize = 4096 / std::mem::size_of::<i64>();
+
 /// `n_bins + 1` offsets of the bins' segments, from the number of segments in each.
 fn offsets_of(sizes: &[u32]) -> Vec<i64> {
     let mut bin_offsets = Vec::with_capacity(sizes.len() + 1);
@@ -91,16 +127,12 @@ fn cursor_at_bin_starts(bin_offsets: &[i64]) -> Vec<u32> {
 }
 
 /// One pass: each segment written straight to its slot.
-fn scatter_direct(segments: &Segments, bin_of_segment: &[u32], bin_offsets: &[i64]) -> Outputs {
-    let n = segments.len();
-    let mut indices = zeroed_vec!(i64, n);
-    let mut lengths = zeroed_vec!(i64, n);
-    let split = segments.starts.is_some();
-    let mut starts = if split {
-        zeroed_vec!(i64, n)
-    } else {
-        Vec::new()
-    };
+fn scatter_direct(
+    segments: &Segments,
+    bin_of_segment: &[u32],
+    bin_offsets: &[i64],
+    OutputBuffers((mut indices, mut lengths, mut starts)): OutputBuffers,
+) -> Outputs {
     let mut cursor = cursor_at_bin_starts(bin_offsets);
     for (id, &bin) in bin_of_segment.iter().enumerate() {
         let next_slot = &mut cursor[bin as usize];
@@ -131,6 +163,7 @@ fn scatter_bucketed(
     bin_of: &SegmentBins<'_>,
     bin_offsets: &[i64],
     capacity: u64,
+    OutputBuffers((mut indices, mut lengths, mut starts)): OutputBuffers,
 ) -> Outputs {
     let n = segments.len();
     let n_bins = bin_offsets.len() - 1;
@@ -156,14 +189,7 @@ fn scatter_bucketed(
             counts
         })
         .collect();
-    let mut indices = zeroed_vec!(i64, n);
-    let mut lengths = zeroed_vec!(i64, n);
     let split = segments.starts.is_some();
-    let mut starts = if split {
-        zeroed_vec!(i64, n)
-    } else {
-        Vec::new()
-    };
     let entry = Entry::new(segments, shift, capacity);
     let in_bucket = (1u32 << shift) - 1;
     // Pass 1: a segment waits in its bucket as an `Entry` in `indices`, its length in
@@ -386,15 +412,22 @@ mod tests {
                         random_segments(n, n_bins, capacity, stride, with_starts);
                     let entry = Entry::new(&segments, shift, capacity);
                     assert_eq!(entry.holds_length, capacity < 1 << 20);
-                    let direct = scatter_direct(&segments, &bin_of, &offsets);
+                    let direct = scatter_direct(
+                        &segments,
+                        &bin_of,
+                        &offsets,
+                        OutputBuffers::new(&segments, false),
+                    );
                     for threads in [1, 2, 3, 8] {
                         let pool = rayon::ThreadPoolBuilder::new()
                             .num_threads(threads)
                             .build()
                             .unwrap();
                         let listed = SegmentBins::Listed(bin_of.clone());
-                        let bucketed = pool
-                            .install(|| scatter_bucketed(&segments, &listed, &offsets, capacity));
+                        let bucketed = pool.install(|| {
+                            let outputs = OutputBuffers::new(&segments, true);
+                            scatter_bucketed(&segments, &listed, &offsets, capacity, outputs)
+                        });
                         assert_eq!(direct, bucketed, "{threads} threads, {n_bins} bins");
                     }
                 }
@@ -424,7 +457,12 @@ mod tests {
             let listed = compared
                 .segment_bins(&segments, &options, assignment.bin_of)
                 .into_listed();
-            let expected = scatter_direct(&segments, &listed, &offsets);
+            let expected = scatter_direct(
+                &segments,
+                &listed,
+                &offsets,
+                OutputBuffers::new(&segments, true),
+            );
             // Orders cut into 1 to 5 chunks, laid out by 1 to 8 threads (grouping chunks).
             for order_threads in [1, 3, 8] {
                 let counted = pool(order_threads)
@@ -434,7 +472,8 @@ mod tests {
                     let walked =
                         counted.segment_bins(&segments, &options, assignment.bin_of.clone());
                     let layout = pool(threads).install(|| {
-                        scatter_bucketed(&segments, &walked, &offsets, options.capacity())
+                        let outputs = OutputBuffers::new(&segments, false);
+                        scatter_bucketed(&segments, &walked, &offsets, options.capacity(), outputs)
                     });
                     assert_eq!(layout, expected, "{order_threads} and {threads} threads");
                     assert_eq!(pool(threads).install(|| walked.into_listed()), listed);

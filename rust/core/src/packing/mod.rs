@@ -118,8 +118,8 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
         Algorithm::NextFit => OfferOrder::Input,
         Algorithm::FirstFitShuffled => OfferOrder::shuffled(&segments, options.seed),
     };
-    let assignment = order.assign(&segments, options);
-    Ok(finish(segments, &order, assignment, options, None))
+    let (assignment, outputs) = with_outputs(&segments, || order.assign(&segments, options));
+    Ok(finish(segments, &order, assignment, options, None, outputs))
 }
 
 /// Padded token-budget batching: a batch of `n` segments costs `n x` its longest cost.
@@ -127,15 +127,36 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
 pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
     let order = OfferOrder::decreasing_cost(&segments, options);
-    let (assignment, batch_cost) = order.assign_padded(&segments, options);
+    let ((assignment, batch_cost), outputs) =
+        with_outputs(&segments, || order.assign_padded(&segments, options));
     Ok(finish(
         segments,
         &order,
         assignment,
         options,
         Some(batch_cost),
+        outputs,
     ))
 }
+
+/// Run `assign` (one core's work) and meanwhile, on another core of the pool, make the
+/// layout's zeroed outputs, page faults included. With one thread, or outputs too small
+/// for their page faults to matter, the outputs are made after and mapped as the layout
+/// writes them.
+fn with_outputs<A: Send>(
+    segments: &Segments,
+    assign: impl FnOnce() -> A + Send,
+) -> (A, layout::OutputBuffers) {
+    if segments.len() < OUTPUTS_ALONGSIDE_MIN || rayon::current_num_threads() < 2 {
+        let assignment = assign();
+        return (assignment, layout::OutputBuffers::new(segments, false));
+    }
+    rayon::join(assign, || layout::OutputBuffers::new(segments, true))
+}
+
+/// Fewest segments whose outputs (16 bytes each, 1 MiB here) are made alongside the
+/// assignment: below, waking another thread costs about what the page faults do.
+const OUTPUTS_ALONGSIDE_MIN: usize = 1 << 16;
 
 /// Lay out an assignment (a bin per offer position) as CSR arrays.
 fn finish(
@@ -144,9 +165,17 @@ fn finish(
     assignment: Assignment,
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
+    outputs: layout::OutputBuffers,
 ) -> Packing {
     let bins = order.segment_bins(&segments, options, assignment.bin_of);
-    layout::build(&segments, bins, assignment.bins, options, padded_cost)
+    layout::build(
+        &segments,
+        bins,
+        assignment.bins,
+        options,
+        padded_cost,
+        outputs,
+    )
 }
 
 #[cfg(test)]
