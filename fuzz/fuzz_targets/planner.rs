@@ -94,7 +94,11 @@ fn bins(source: &Source) -> Option<Bins> {
                 packing: Packing {
                     bin_offsets,
                     indices: segments.iter().map(|s| i64::from(s.0)).collect(),
-                    starts: segments.iter().map(|s| s.1.get()).collect(),
+                    starts: segments
+                        .iter()
+                        .map(|s| s.1.get())
+                        .collect::<Vec<_>>()
+                        .into(),
                     lengths: segments.iter().map(|s| s.2.get()).collect(),
                     bin_tokens,
                     counts: PolicyCounts::default(),

@@ -321,10 +321,11 @@ pub fn reference(lengths: &[i64], options: &PackOptions, padded_batches: bool) -
     for (segment, &bin) in segments.iter().zip(&segment_bin) {
         members[bin].push(*segment);
     }
+    let mut starts = Vec::new();
     let mut packing = Packing {
         bin_offsets: vec![0],
         indices: Vec::new(),
-        starts: Vec::new(),
+        starts: Vec::new().into(),
         lengths: Vec::new(),
         bin_tokens: Vec::new(),
         counts,
@@ -333,7 +334,7 @@ pub fn reference(lengths: &[i64], options: &PackOptions, padded_batches: bool) -
     for bin in &members {
         for s in bin {
             packing.indices.push(s.index as i64);
-            packing.starts.push(s.start as i64);
+            starts.push(s.start as i64);
             packing.lengths.push(s.length as i64);
         }
         packing.bin_offsets.push(packing.indices.len() as i64);
@@ -341,6 +342,7 @@ pub fn reference(lengths: &[i64], options: &PackOptions, padded_batches: bool) -
         packing.segment_cost += tokens;
         packing.bin_tokens.push(tokens as i64);
     }
+    packing.starts = starts.into();
     if let Some(batch_cost) = padded_cost {
         packing.bin_tokens = batch_cost.iter().map(|&c| c as i64).collect();
     }

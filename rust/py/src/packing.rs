@@ -312,7 +312,7 @@ impl PyPacking {
                 packing: Packing {
                     bin_offsets: as_slice(&bin_offsets)?.to_vec(),
                     indices: as_slice(&indices)?.to_vec(),
-                    starts: as_slice(&starts)?.to_vec(),
+                    starts: as_slice(&starts)?.to_vec().into(),
                     lengths: as_slice(&lengths)?.to_vec(),
                     segment_cost: bin_tokens.iter().map(|&t| t.max(0) as u64).sum(),
                     bin_tokens,

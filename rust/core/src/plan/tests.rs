@@ -439,7 +439,7 @@ fn rebuilt_bins_without_a_budget_are_refused() {
         packing: Packing {
             bin_offsets: vec![0],
             indices: vec![],
-            starts: vec![],
+            starts: Vec::new().into(),
             lengths: vec![],
             bin_tokens: vec![],
             counts: crate::packing::PolicyCounts::default(),
@@ -472,7 +472,7 @@ fn empty_rebuilt_bins_add_no_cutting_capacity() {
         packing: Packing {
             bin_offsets: vec![0, 0, 0, 2],
             indices: vec![0, 1],
-            starts: vec![0, 0],
+            starts: vec![0, 0].into(),
             lengths: vec![3, 4],
             bin_tokens: vec![0, 0, 7],
             counts: crate::packing::PolicyCounts::default(),
