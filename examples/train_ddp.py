@@ -26,6 +26,7 @@ sequences not yet used.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -322,9 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         train(args, rank, world, device)
     finally:
-        # The model, its DDP wrapper and the loader are gone once ``train`` returns: a
-        # process group destroyed while DDP's reducer still holds it can abort the
-        # process at exit ("terminate called without an active exception").
+        # Free the model, its DDP wrapper and the loader (collecting the reference cycles
+        # modules and hooks form) before the process group goes: a gloo group whose last
+        # holder dies during interpreter shutdown can abort the process at exit
+        # ("terminate called without an active exception").
+        gc.collect()
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

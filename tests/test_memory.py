@@ -25,7 +25,6 @@ from tokenbatch import (
     plan,
 )
 from tokenbatch.cli import main
-from tokenbatch.cli.memory_command import parse_size
 from tokenbatch.memory import estimate_memory_stages
 
 GIB = 1024**3
@@ -534,15 +533,6 @@ def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(["memory", "llama-3.1-8b", "--tp", "3"]) == 2
     assert "tp must divide num_heads" in capsys.readouterr().err
     assert main(["memory", "no-such-model"]) == 2
-
-
-def test_parse_size() -> None:
-    assert parse_size("80GB") == 80e9
-    assert parse_size("80GiB") == 80 * GIB
-    assert parse_size("4Mi") == 4 * 2**20
-    assert parse_size("1e9") == 1e9
-    with pytest.raises(InvalidValueError):
-        parse_size("lots")
 
 
 def test_public_names() -> None:

@@ -314,8 +314,11 @@ def test_planner_attributes_and_argument_errors() -> None:
         Planner([1, 2], 2)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="num_replicas must be at least 1"):
         Planner(packing, 0)
+    assert Planner(packing, 2.0).num_replicas == 2  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match=r"num_replicas must be an integer, got 2\.5"):
+        Planner(packing, 2.5)  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="num_replicas must be an integer"):
-        Planner(packing, 2.0)  # type: ignore[arg-type]
+        Planner(packing, "2")  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="num_replicas must be an integer"):
         Planner(packing, True)
     with pytest.raises(InvalidValueError, match="seed must be in"):

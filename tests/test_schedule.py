@@ -67,7 +67,8 @@ def test_sequences_per_step_refuses_partial_sequences() -> None:
     [
         (lambda: grad_accum_steps(-1, 1, 1), InvalidValueError),
         (lambda: grad_accum_steps(10, 0, 1), InvalidValueError),
-        (lambda: grad_accum_steps(10.0, 1, 1), InvalidTypeError),
+        (lambda: grad_accum_steps(10.5, 1, 1), InvalidTypeError),
+        (lambda: grad_accum_steps("10", 1, 1), InvalidTypeError),
         (lambda: tokens_for_steps(2**62, 4), TokenBatchOverflowError),
         (lambda: steps_for_tokens(-5, 4), InvalidValueError),
     ],
@@ -211,8 +212,8 @@ def test_linear_ramp_bad_input() -> None:
         LinearRamp(16, 32, 10, unit="samples")  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match=r"by must be"):
         LinearRamp(16, 32, 10, by="epochs")  # type: ignore[arg-type]
-    with pytest.raises(InvalidTypeError):
-        LinearRamp(16, 32, 4.69e11)  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match=r"must be an integer, got 4\.5"):
+        LinearRamp(16, 32, 4.5)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match=r"tokens\[0\] = -5 is negative"):
         LinearRamp(16, 32, 10).batch_at(-5)
     with pytest.raises(InvalidTypeError):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import types
@@ -13,22 +12,11 @@ import numpy as np
 import pytest
 
 from tokenbatch.cli import main
-from tokenbatch.cli.schedule_command import parse_count, plot_schedule
+from tokenbatch.cli.schedule_command import plot_schedule
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.memory import ModelSpec
 from tokenbatch.scaling import ExtrapolationWarning, launch_plan
 from tokenbatch.schedule import MegatronRampup, WarmupStableDecayLR, deepseek_v3_ramp
-
-
-def test_parse_count() -> None:
-    assert parse_count("469B") == 469_000_000_000
-    assert parse_count("14.8T") == 14_800_000_000_000
-    assert parse_count("4Mi") == 4 * 2**20
-    assert parse_count("3e9") == 3_000_000_000
-    assert parse_count("1_024") == 1024
-    for bad in ["1.5", "12Q", "abc", "-4"]:
-        with pytest.raises(argparse.ArgumentTypeError):
-            parse_count(bad)
 
 
 def test_preset_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tokenbatch import datasets, scaling, schedule
 from tokenbatch._core import __version__, get_num_threads, set_num_threads
 from tokenbatch.errors import (
+    InternalError,
     InvalidTypeError,
     InvalidValueError,
     OversizeError,
@@ -31,6 +32,7 @@ from tokenbatch.packing import Packing, batch_padded, pack
 from tokenbatch.stream import StreamPacker
 
 __all__ = [
+    "InternalError",
     "InvalidTypeError",
     "InvalidValueError",
     "MemoryEstimate",

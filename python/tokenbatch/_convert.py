@@ -3,6 +3,7 @@ what the Rust core reads, with tokenbatch errors for everything it cannot read."
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -80,8 +81,15 @@ def _object_array_error(values: Any, name: str) -> TokenBatchError:
 
 
 def as_int(value: Any, name: str, *, minimum: int | None = None) -> int:
-    """Return ``value`` as a Python int in the signed 64-bit range (not bool, not float)."""
-    result = as_int_unbounded(value, name)
+    """Return a user-facing count as a Python int in the signed 64-bit range.
+
+    Integers (not bools) are taken as they are, and so are floats that hold a whole
+    number, because papers and configs write token counts that way (``469e9``); a
+    fractional, NaN or infinite float is refused with its value (``InvalidTypeError``, as
+    any other non-integer). Arrays of lengths go
+    through :func:`as_lengths`, which keeps refusing floats.
+    """
+    result = as_whole(value, name)
     if not _INT64_MIN <= result <= _INT64_MAX:
         raise TokenBatchOverflowError(f"{name}={result} does not fit in a signed 64-bit integer")
     if minimum is not None and result < minimum:
@@ -95,6 +103,17 @@ def as_seed(value: Any) -> int:
     if not 0 <= seed < 2**64:
         raise InvalidValueError(f"seed must be in [0, 2**64), got {seed}")
     return seed
+
+
+def as_whole(value: Any, name: str) -> int:
+    """Return an integer, or a float holding a whole number, as a Python int of any size."""
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value) or not float(value).is_integer():
+            raise InvalidTypeError(
+                f"{name} must be an integer, got {float(value)!r} (not a whole number)"
+            )
+        return int(value)
+    return as_int_unbounded(value, name)
 
 
 def as_int_unbounded(value: Any, name: str) -> int:

@@ -22,6 +22,7 @@ __all__ = [
     "StreamBin",
     "StreamBuffer",
     "__version__",
+    "_panic_for_test",
     "batch_padded",
     "cp_rank_major_order",
     "cp_shard",
@@ -367,3 +368,7 @@ class StreamBuffer:
         buffer: list[_Segment],
         pending: list[list[_Segment]],
     ) -> None: ...
+
+# --- test hook (not API) -------------------------------------------------------------
+
+def _panic_for_test(location: str) -> None: ...

@@ -8,6 +8,7 @@ so both ``except TokenBatchError`` and ``except ValueError`` work.
 from __future__ import annotations
 
 __all__ = [
+    "InternalError",
     "InvalidTypeError",
     "InvalidValueError",
     "OversizeError",
@@ -34,3 +35,9 @@ class InvalidTypeError(TokenBatchError, TypeError):
 
 class TokenBatchOverflowError(TokenBatchError, OverflowError):
     """A value or total does not fit the 64-bit integers tokenbatch computes with."""
+
+
+class InternalError(TokenBatchError, RuntimeError):
+    """A bug in tokenbatch: its Rust core panicked. The message names the function; please
+    report it with the input that caused it. (Raised instead of pyo3's ``PanicException``,
+    which ``except Exception`` would not catch.)"""

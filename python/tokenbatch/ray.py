@@ -1,21 +1,21 @@
 """Packing corpora too large for one machine on Ray Data (the ``ray`` extra).
 
 :func:`pack` packs every block (or group of ``rows_per_pack`` rows) of a
-``ray.data.Dataset`` with the Rust core inside ``map_batches``, writes the packed rows
-as Parquet shards of balanced size, and then a ``manifest.json`` of counts. The same
-code runs on a laptop (``ray.init()``) and on a multi-node cluster
-(``ray.init(address="auto")``); only the output path must be reachable by every node
-(a shared file system or object storage).
+``ray.data.Dataset`` with the Rust core inside ``map_batches``, has the tasks write the
+packed rows as Parquet shards (through ``pyarrow.fs``, so the output may be a local or
+shared folder or object storage: ``s3://``, ``gs://``, ``hdfs://``, ``file://``), checks
+every shard from the driver, and then writes a ``manifest.json`` of counts. The same code
+runs on a laptop (``ray.init()``) and on a multi-node cluster (``ray.init(address="auto")``),
+where the output must be storage every node reaches: a driver that cannot see a shard a
+task wrote refuses to publish the packing.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from tokenbatch import hf
@@ -28,9 +28,13 @@ __all__ = ["PackingFailedError", "pack"]
 
 MANIFEST_FORMAT = "tokenbatch.ray.pack/1"
 
+#: Filesystems whose storage every node sees; any other may be a disk of one node.
+_SHARED_FILESYSTEMS = frozenset({"s3", "gcs", "hdfs", "abfs"})
+
 
 class PackingFailedError(TokenBatchError, RuntimeError):
-    """A Ray task failed while packing or writing; nothing was left in the output."""
+    """A Ray task failed while packing or writing, or the driver could not see every shard
+    the tasks wrote; nothing was left in the output."""
 
 
 def pack(
@@ -46,29 +50,38 @@ def pack(
     rows_per_pack: int | None = None,
     num_shards: int | None = None,
     seed: int = 0,
+    filesystem: Any = None,
 ) -> dict[str, Any]:
     """Pack a ``ray.data.Dataset`` of token lists and write Parquet shards and a manifest.
 
     Each Ray task packs one batch of input rows globally (best-fit decreasing over the
     whole batch, with the options of :func:`tokenbatch.hf.pack_dataset`): a whole block by
     default, or ``rows_per_pack`` rows (Ray bundles small blocks into one batch, so a
-    larger value packs tighter at the cost of task memory). The packed rows are
-    redistributed into ``num_shards`` shards of nearly equal row counts (each row holds
-    up to ``max_tokens`` tokens, so the shards also hold nearly equal tokens).
+    larger value packs tighter at the cost of task memory). With ``num_shards``, the
+    packed rows are redistributed into that many shards of nearly equal row counts (each
+    row holds up to ``max_tokens`` tokens, so the shards also hold nearly equal tokens);
+    without it, each packed block is one shard, of whatever size the block had.
 
-    Files are written to a temporary folder inside ``output`` and moved into place only
-    when every task has succeeded; ``manifest.json`` is written last. A folder without a
-    manifest is incomplete.
+    The tasks write their shards to a staging folder inside ``output`` and report what
+    they wrote (file, rows, sequences, tokens). The driver then reads every reported
+    shard back from its own view of the storage and compares the counts; only if all
+    match are the shards moved into place and ``manifest.json`` written, last. A folder
+    without a manifest is incomplete.
 
     Args:
         dataset: a ``ray.data.Dataset`` whose packed columns are lists.
         max_tokens: token budget of one packed row.
-        output: folder for ``part-00000.parquet``... and ``manifest.json``; must not hold
-            a manifest already.
+        output: folder for ``part-00000.parquet``... and ``manifest.json``: a local path,
+            or a URI that ``pyarrow.fs.FileSystem.from_uri`` reads (``s3://bucket/path``,
+            ``gs://``, ``hdfs://``, ``file://``); must not hold a manifest already. On a
+            multi-node cluster it must be storage every node shares.
         columns, algorithm, oversize, max_seqs, position_ids, seed: see
             :func:`tokenbatch.hf.pack_dataset`.
         rows_per_pack: input rows packed together (``None``: one block).
-        num_shards: output files (``None``: one per packed block).
+        num_shards: output files of nearly equal rows (``None``: one per packed block).
+        filesystem: a ``pyarrow.fs.FileSystem`` to write through (for example an
+            ``S3FileSystem`` with an endpoint or credentials); ``output`` is then a path
+            inside it.
 
     Returns:
         The manifest: ``shards`` (file name, ``rows``, ``sequences``, ``tokens`` of each),
@@ -78,10 +91,10 @@ def pack(
         InvalidTypeError, InvalidValueError: as :func:`tokenbatch.hf.pack_dataset`, for
             the schema or invalid options (before any task runs), or a dataset without
             tokens (after, leaving nothing in the output).
-        PackingFailedError: a task failed (its error is the cause); the output folder
-            holds no shard of this run.
+        PackingFailedError: a task failed (its error is the cause), or a shard a task
+            reported is missing or different from the driver's view (an output folder
+            that is not shared by every node); the output holds no shard of this run.
     """
-    import pyarrow.parquet as pq
     import ray.data
 
     if not isinstance(dataset, ray.data.Dataset):
@@ -91,6 +104,7 @@ def pack(
         None if rows_per_pack is None else as_int(rows_per_pack, "rows_per_pack", minimum=1)
     )
     shards = None if num_shards is None else as_int(num_shards, "num_shards", minimum=1)
+    fs, root = _resolve_output(output, filesystem)
     schema = dataset.schema()
     if schema is None:
         raise InvalidValueError("the dataset is empty: there is nothing to pack")
@@ -101,10 +115,9 @@ def pack(
             raise InvalidValueError(
                 f"the dataset already has a {taken!r} column; drop or rename it"
             )
-    folder = Path(output)
-    manifest_path = folder / "manifest.json"
-    if manifest_path.exists():
-        raise InvalidValueError(f"{manifest_path} exists: {folder} holds a finished packing")
+    manifest_path = f"{root}/manifest.json"
+    if _exists(fs, manifest_path):
+        raise InvalidValueError(f"{manifest_path} exists: {output} holds a finished packing")
     options: dict[str, Any] = {
         "max_tokens": budget,
         "columns": names,
@@ -129,34 +142,28 @@ def pack(
     )
     if shards is not None:
         packed = packed.repartition(shards)
-    folder.mkdir(parents=True, exist_ok=True)
-    staging = folder / f".staging-{uuid.uuid4().hex}"
+    staging = f"{root}/.staging-{uuid.uuid4().hex}"
+    fs.create_dir(staging, recursive=True)
     try:
-        packed.write_parquet(str(staging))
-        written = sorted(staging.glob("*.parquet"))
-        entries: list[dict[str, Any]] = []
-        for number, path in enumerate(written):
-            lengths = pq.read_table(path, columns=["seq_lengths"]).column("seq_lengths")
-            entries.append(
-                {
-                    "file": f"part-{number:05d}.parquet",
-                    "rows": len(lengths),
-                    "sequences": sum(len(chunk.values) for chunk in lengths.chunks),
-                    "tokens": sum(int(chunk.values.to_numpy().sum()) for chunk in lengths.chunks),
-                }
-            )
+        reports = packed.map_batches(
+            _write_shard,
+            batch_format="pyarrow",
+            batch_size=None,
+            fn_kwargs={"filesystem": fs, "folder": staging},
+        ).take_all()
+        entries = _check_shards(fs, staging, reports)
         if not sum(entry["tokens"] for entry in entries):
             raise InvalidValueError("the dataset is empty: it holds no tokens to pack")
     except Exception as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_everywhere(fs, staging)
         if isinstance(exc, TokenBatchError):
             raise
         raise PackingFailedError(
-            f"packing on Ray failed, nothing was written to {folder}: {exc}"
+            f"packing on Ray failed, nothing was written to {output}: {exc}"
         ) from exc
-    for entry, path in zip(entries, written, strict=True):
-        os.replace(path, folder / entry["file"])
-    shutil.rmtree(staging, ignore_errors=True)
+    for entry in entries:
+        fs.move(f"{staging}/{entry.pop('written')}", f"{root}/{entry['file']}")
+    fs.delete_dir(staging)
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         **options,
@@ -166,10 +173,140 @@ def pack(
         "tokens": sum(entry["tokens"] for entry in entries),
         "shards": entries,
     }
-    partial = folder / f".manifest-{uuid.uuid4().hex}.json"
-    partial.write_text(json.dumps(manifest, indent=2))
-    os.replace(partial, manifest_path)  # the manifest appears complete or not at all
+    partial = f"{root}/.manifest-{uuid.uuid4().hex}.json"
+    with fs.open_output_stream(partial) as stream:
+        stream.write(json.dumps(manifest, indent=2).encode())
+    fs.move(partial, manifest_path)  # the manifest appears complete or not at all
     return manifest
+
+
+def _resolve_output(output: str | os.PathLike[str], filesystem: Any) -> tuple[Any, str]:
+    """The filesystem and the path inside it of ``output``."""
+    import pyarrow.fs as pafs
+
+    text = os.fspath(output)
+    if filesystem is not None:
+        if not isinstance(filesystem, pafs.FileSystem):
+            raise InvalidTypeError(
+                f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}"
+            )
+        return filesystem, text.rstrip("/")
+    if "://" in text:
+        try:
+            fs, path = pafs.FileSystem.from_uri(text)
+        except (ValueError, OSError) as exc:
+            raise InvalidValueError(
+                f"output {text!r} is not a URI pyarrow can open: {exc}"
+            ) from exc
+        return fs, path.rstrip("/")
+    # Absolute: tasks run in other working directories.
+    return pafs.LocalFileSystem(), os.path.abspath(text)
+
+
+def _exists(fs: Any, path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    return bool(fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+
+def _counts(table: Any) -> dict[str, int]:
+    """Rows, sequences and tokens of a packed table (from its ``seq_lengths`` column)."""
+    lengths = table.column("seq_lengths")
+    return {
+        "rows": len(lengths),
+        "sequences": sum(len(chunk.values) for chunk in lengths.chunks),
+        "tokens": sum(int(chunk.values.to_numpy().sum()) for chunk in lengths.chunks),
+    }
+
+
+#: What a writing task reports for each shard it wrote.
+_REPORT_FIELDS = ("written", "rows", "sequences", "tokens", "node")
+
+
+def _write_shard(batch: Any, **destination: Any) -> Any:
+    """Write one packed batch as a shard into ``destination["folder"]`` of
+    ``destination["filesystem"]`` and report it; runs inside a Ray task."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    columns: dict[str, list[Any]] = {field: [] for field in _REPORT_FIELDS}
+    if batch.num_rows:
+        name = f"{uuid.uuid4().hex}.parquet"
+        filesystem, folder = destination["filesystem"], destination["folder"]
+        # The driver made the folder, but on storage it does not share with this node,
+        # it exists only here once made here (and the driver will say so).
+        filesystem.create_dir(folder, recursive=True)
+        pq.write_table(batch, f"{folder}/{name}", filesystem=filesystem)
+        counts = _counts(batch)
+        for field, value in [
+            ("written", name),
+            *counts.items(),
+            ("node", ray.get_runtime_context().get_node_id()),
+        ]:
+            columns[field].append(value)
+    types = [pa.string(), pa.int64(), pa.int64(), pa.int64(), pa.string()]
+    schema = pa.schema(list(zip(_REPORT_FIELDS, types, strict=True)))
+    return pa.table(columns, schema=schema)
+
+
+def _check_shards(fs: Any, folder: str, reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest entries of the reported shards, after reading each one back from the
+    driver's view of the storage; raises if any is missing or differs from its report."""
+    import pyarrow.parquet as pq
+
+    problems = []
+    for report in reports:
+        path = f"{folder}/{report['written']}"
+        try:
+            with fs.open_input_file(path) as source:
+                seen = _counts(pq.read_table(source, columns=["seq_lengths"]))
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path} (written on node {report['node']}) cannot be read: {exc}")
+            continue
+        claimed = {key: report[key] for key in seen}
+        if seen != claimed:
+            problems.append(f"{path} holds {seen}, its task wrote {claimed}")
+    if problems:
+        raise PackingFailedError(
+            f"{len(problems)} of {len(reports)} shards are not as their tasks wrote them, from "
+            f"the driver's view: {problems[0]}. On a multi-node cluster, the output must be "
+            "storage every node shares (a shared file system, or s3://, gs://, hdfs://)."
+        )
+    return [
+        {
+            "file": f"part-{number:05d}.parquet",
+            **{k: r[k] for k in ("rows", "sequences", "tokens")},
+            "written": r["written"],
+        }
+        for number, r in enumerate(reports)
+    ]
+
+
+def _remove_everywhere(fs: Any, folder: str) -> None:
+    """Remove ``folder`` from the driver's view and, unless the storage is shared by
+    construction, from every other live node's (where tasks may have written it)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    _remove_dir(fs, folder)
+    if fs.type_name in _SHARED_FILESYSTEMS:
+        return
+    here = ray.get_runtime_context().get_node_id()
+    remove = ray.remote(num_cpus=0, max_retries=0)(_remove_dir)
+    pending = [
+        remove.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote(fs, folder)
+        for node in ray.nodes()  # type: ignore[no-untyped-call]
+        if node["Alive"] and node["NodeID"] != here
+    ]
+    ray.wait(pending, num_returns=len(pending), timeout=60)
+
+
+def _remove_dir(fs: Any, folder: str) -> None:
+    if _exists(fs, folder):
+        fs.delete_dir(folder)
 
 
 def _pack_batch(batch: Any, **options: Any) -> Any:

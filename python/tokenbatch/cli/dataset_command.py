@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.progress import Progress
 from tokenbatch.cli.table import format_table, format_value
+from tokenbatch.cli.units import COUNT_HELP, count, output_file, seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import ALGORITHMS
 
@@ -36,7 +38,7 @@ def register(subparsers: Any) -> None:
             "tokens, in one best-fit decreasing packing over the whole dataset, and write "
             "them with a seq_lengths column (the format TRL's padding-free training reads) "
             "to a Parquet file. Needs the hf extra (pyarrow; datasets for save_to_disk "
-            "directories)."
+            f"directories). {COUNT_HELP}"
         ),
     )
     parser.add_argument(
@@ -44,8 +46,10 @@ def register(subparsers: Any) -> None:
         type=Path,
         help="a .parquet file, a directory of .parquet files, or a save_to_disk directory",
     )
-    parser.add_argument("output", type=Path, help="the packed dataset, a .parquet file")
-    parser.add_argument("--max-tokens", type=int, required=True, help="token budget per row")
+    parser.add_argument(
+        "output", type=output_file(".parquet"), help="the packed dataset, a .parquet file"
+    )
+    parser.add_argument("--max-tokens", type=count(), required=True, help="token budget per row")
     parser.add_argument(
         "--algorithm",
         choices=ALGORITHMS,
@@ -61,9 +65,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--columns", help="comma-separated list columns to pack (default: every column)"
     )
-    parser.add_argument("--max-seqs", type=int, default=None, help="at most this many per row")
+    parser.add_argument(
+        "--max-seqs", type=count(), default=None, help="at most this many sequences per row"
+    )
     parser.add_argument("--position-ids", action="store_true", help="add a position_ids column")
-    parser.add_argument("--seed", type=int, default=0, help="seed of first_fit_shuffled")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of first_fit_shuffled")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(handler=run)
 
@@ -72,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
     pq = _import_parquet()
     from tokenbatch.hf import pack_table
 
-    if args.output.suffix != ".parquet":
-        raise InvalidValueError(f"the output must be a .parquet file, got {args.output}")
     started = time.perf_counter()
     table = read_table(args.input)
     columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
@@ -127,39 +131,59 @@ def read_table(path: Path) -> pa.Table:
                 f"{path} is a save_to_disk directory, which needs the datasets package "
                 "(pip install 'tokenbatch[hf]')"
             ) from None
-        table: pa.Table = datasets.load_from_disk(str(path)).with_format("arrow")[:]
+        try:
+            table: pa.Table = datasets.load_from_disk(str(path)).with_format("arrow")[:]
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            raise InvalidValueError(
+                f"{path} is not a readable save_to_disk directory ({type(exc).__name__}: {exc})"
+            ) from None
         return table
     files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
     if not files:
         raise InvalidValueError(f"{path} holds no .parquet files")
-    sources = [pq.ParquetFile(file) for file in files]
+    sources = [_open_parquet(pq, file) for file in files]
     parts = []
     with Progress(f"reading {path.name}", sum(s.metadata.num_rows for s in sources)) as bar:
-        for source in sources:
-            for group in range(source.num_row_groups):
-                part = source.read_row_group(group)
-                parts.append(part)
-                bar.advance(part.num_rows)
+        for file, source in zip(files, sources, strict=True):
+            try:
+                for group in range(source.num_row_groups):
+                    part = source.read_row_group(group)
+                    parts.append(part)
+                    bar.advance(part.num_rows)
+            except (OSError, pa.ArrowException) as exc:
+                raise _unreadable(file, exc) from None
     try:
         return pa.concat_tables(parts)
     except pa.ArrowInvalid as error:
         raise InvalidValueError(f"the files of {path} have different schemas: {error}") from None
 
 
+def _open_parquet(pq: Any, file: Path) -> Any:
+    import pyarrow as pa
+
+    try:
+        return pq.ParquetFile(file)
+    except (OSError, pa.ArrowException) as exc:
+        raise _unreadable(file, exc) from None
+
+
+def _unreadable(file: Path, exc: Exception) -> InvalidValueError:
+    return InvalidValueError(
+        f"{file} is not a readable Parquet file ({exc}); write it with "
+        "pyarrow.parquet.write_table or Dataset.to_parquet"
+    )
+
+
 def write_table(pq: Any, table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` through a temporary file moved into place at the end."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with (
-            pq.ParquetWriter(partial, table.schema) as writer,
-            Progress(f"writing {path.name}", table.num_rows) as bar,
-        ):
-            for batch in table.to_batches(max_chunksize=WRITE_BATCH_ROWS):
-                writer.write_batch(batch)
-                bar.advance(batch.num_rows)
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with (
+        atomic_output(path) as partial,
+        pq.ParquetWriter(partial, table.schema) as writer,
+        Progress(f"writing {path.name}", table.num_rows) as bar,
+    ):
+        for batch in table.to_batches(max_chunksize=WRITE_BATCH_ROWS):
+            writer.write_batch(batch)
+            bar.advance(batch.num_rows)
 
 
 def _import_parquet() -> Any:

@@ -5,33 +5,25 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.table import format_table
+from tokenbatch.cli.units import (
+    BYTES_HELP,
+    COUNT_HELP,
+    GPU_MEMORY_MINIMUM,
+    byte_size,
+    count,
+    output_file,
+    positive_real,
+)
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.memory.estimate import GIB, MemoryEstimate, estimate_memory
 from tokenbatch.memory.planner import plan
 from tokenbatch.memory.spec import PRESETS, ModelSpec
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
-
-
-def parse_size(text: str, *, binary_bytes: bool = False) -> float:
-    """``"80GiB"``, ``"80GB"``, ``"4M"``, ``"1e9"`` -> a number (``GiB`` powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise InvalidValueError(f"cannot read {text!r} as a size (e.g. 80GiB, 4M, 1e9)")
-    value, unit = float(match.group(1)), (match.group(2) or "").lower()
-    prefix = unit[:1] if unit[:1] != "b" else ""
-    if "i" in unit or (binary_bytes and unit.endswith("b") and prefix):
-        scale = 1024.0 ** ("kmgtp".index(prefix) + 1) if prefix else 1.0
-    else:
-        scale = _UNITS[prefix]
-    return value * scale
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +31,9 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "model",
         help=f"a preset ({', '.join(sorted(PRESETS))}) or a path to a Hugging Face config.json",
     )
-    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence")
+    parser.add_argument(
+        "--seq-len", type=count(), default=4096, help="tokens per sequence (default 4096)"
+    )
     parser.add_argument("--activation-model", choices=["modern", "korthikanti"], default="modern")
     parser.add_argument("--optimizer", default="adamw", help="adamw, adam, lion, muon, sgd")
     parser.add_argument("--param-dtype", default="bf16", help="bf16, fp16 or fp32")
@@ -51,37 +45,57 @@ def register(subparsers: Any) -> None:
     memory: argparse.ArgumentParser = subparsers.add_parser(
         "memory",
         help="per-GPU memory of a model and parallel layout",
-        description="Estimate per-GPU memory (weights, gradients, optimizer, activations).",
+        description="Estimate per-GPU memory (weights, gradients, optimizer, activations). "
+        f"{COUNT_HELP} {BYTES_HELP}",
     )
     _add_model(memory)
-    memory.add_argument("--micro-batch", type=int, default=1)
+    memory.add_argument("--micro-batch", type=count(), default=1, help="sequences per micro-batch")
     for name in ("dp", "tp", "pp", "cp", "ep", "vpp"):
-        memory.add_argument(f"--{name}", type=int, default=1)
+        memory.add_argument(f"--{name}", type=count(), default=1, help=f"{name} degree (default 1)")
     memory.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     memory.add_argument("--sequence-parallel", action="store_true")
     memory.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    memory.add_argument("--gpu-memory", help="GPU memory to compare with, e.g. 80GB or 141GB")
-    memory.add_argument("--plot", type=Path, help="write a stacked-bar chart (needs matplotlib)")
+    memory.add_argument(
+        "--gpu-memory",
+        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
+        help="GPU memory to compare with, e.g. 80GB or 141GB",
+    )
+    memory.add_argument(
+        "--plot", type=output_file(), help="write a stacked-bar chart (needs matplotlib)"
+    )
     memory.set_defaults(handler=run_memory)
 
     planner: argparse.ArgumentParser = subparsers.add_parser(
         "plan",
         help="rank the parallel layouts that fit a cluster",
         description="Enumerate DP/TP/PP/CP/EP, ZeRO, recomputation and micro-batch layouts "
-        "that fit and rank them by estimated step time.",
+        f"that fit and rank them by estimated step time. {COUNT_HELP} {BYTES_HELP}",
     )
     _add_model(planner)
-    planner.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    planner.add_argument("--gpu-memory", default="80GB", help="memory per GPU (default 80GB)")
+    planner.add_argument("--gpus", type=count(), required=True, help="number of GPUs")
+    add_gpu_memory(planner)
     planner.add_argument(
         "--global-batch-tokens",
+        type=count(),
         default="4Mi",
         help="tokens per optimizer step, rounded to whole sequences (default 4Mi = 4,194,304)",
     )
-    planner.add_argument("--gpus-per-node", type=int, default=8)
-    planner.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 TFLOP/s")
-    planner.add_argument("--top", type=int, default=10)
+    planner.add_argument("--gpus-per-node", type=count(), default=8, help="GPUs per node")
+    planner.add_argument(
+        "--peak-tflops", type=positive_real, default=989.0, help="dense bf16 TFLOP/s per GPU"
+    )
+    planner.add_argument("--top", type=count(), default=10, help="layouts to list")
     planner.set_defaults(handler=run_plan)
+
+
+def add_gpu_memory(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-memory``, a byte size (default 80GB), as ``plan`` and ``schedule`` read it."""
+    parser.add_argument(
+        "--gpu-memory",
+        type=byte_size(minimum=GPU_MEMORY_MINIMUM),
+        default="80GB",
+        help="memory per GPU (default 80GB)",
+    )
 
 
 def load_spec(model: str) -> ModelSpec:
@@ -89,7 +103,13 @@ def load_spec(model: str) -> ModelSpec:
     if model.lower() in PRESETS:
         return ModelSpec.preset(model)
     if Path(model).exists():
-        return ModelSpec.from_hf_config(model)
+        try:
+            return ModelSpec.from_hf_config(model)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidValueError(
+                f"MODEL {model!r} is not a readable config.json ({exc}); give a preset or "
+                "the config.json of a Hugging Face model"
+            ) from None
     return ModelSpec.preset(model)  # raises with the list of presets
 
 
@@ -119,7 +139,7 @@ def run_memory(args: argparse.Namespace) -> int:
         recompute=args.recompute,
         **_options(args),
     )
-    gpu_memory = None if args.gpu_memory is None else parse_size(args.gpu_memory)
+    gpu_memory = args.gpu_memory
     if args.json:
         result: dict[str, Any] = {"model": spec.name, **estimate.to_dict()}
         if gpu_memory is not None:
@@ -131,7 +151,8 @@ def run_memory(args: argparse.Namespace) -> int:
             verdict = "fits" if estimate.fits(gpu_memory) else "does NOT fit"
             print(f"\n{verdict} in {gpu_memory / GIB:.1f} GiB")
     if args.plot is not None:
-        plot_estimate(estimate, args.plot, gpu_memory)
+        with atomic_output(args.plot) as partial:
+            plot_estimate(estimate, partial, gpu_memory)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -166,18 +187,15 @@ def plot_estimate(estimate: MemoryEstimate, path: Path, gpu_memory: float | None
 
 def run_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.model)
-    gpu_memory = parse_size(args.gpu_memory)
-    tokens = parse_size(args.global_batch_tokens)
-    sequences = max(1, round(tokens / args.seq_len))
-    if args.seq_len <= 0:
-        raise InvalidValueError(f"--seq-len must be positive, got {args.seq_len}")
-    tokens = float(sequences * args.seq_len)
+    gpu_memory = args.gpu_memory
+    sequences = max(1, round(args.global_batch_tokens / args.seq_len))  # --seq-len >= 1
+    tokens = sequences * args.seq_len
     layouts = plan(
         spec,
         num_gpus=args.gpus,
         gpu_memory=gpu_memory,
         seq_len=args.seq_len,
-        global_batch_tokens=int(tokens),
+        global_batch_tokens=tokens,
         gpus_per_node=args.gpus_per_node,
         peak_flops=args.peak_tflops * 1e12,
         top=args.top,
@@ -188,7 +206,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0 if layouts else 1
     print(
         f"tokenbatch plan: {spec.name} on {args.gpus} GPUs x {gpu_memory / GIB:.1f} GiB, "
-        f"seq_len={args.seq_len:,}, {int(tokens):,} tokens per step"
+        f"seq_len={args.seq_len:,}, {tokens:,} tokens per step"
     )
     if not layouts:
         print("no layout fits")

@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.progress import Progress
 from tokenbatch.cli.table import format_table, format_value
+from tokenbatch.cli.units import COUNT_HELP, count, output_file, seed
 from tokenbatch.datasets import EXAMPLE_DISTRIBUTIONS, example_lengths
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.packing import ALGORITHMS, Packing, batch_padded, pack
@@ -25,7 +27,7 @@ def register(subparsers: Any) -> None:
         description=(
             "Pack variable-length sequences into bins of at most --max-tokens tokens and "
             "print a statistics table. Lengths come from a .npy or .txt file (one integer "
-            "per line) or from a built-in example distribution."
+            f"per line) or from a built-in example distribution. {COUNT_HELP}"
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -35,9 +37,11 @@ def register(subparsers: Any) -> None:
         choices=sorted(EXAMPLE_DISTRIBUTIONS),
         help="use a built-in length distribution instead of a file",
     )
-    parser.add_argument("--n", type=int, default=1_000_000, help="sequences for --example")
-    parser.add_argument("--seed", type=int, default=0, help="seed (example data, shuffled fit)")
-    parser.add_argument("--max-tokens", type=int, default=8192, help="token budget per bin")
+    parser.add_argument("--n", type=count(), default=1_000_000, help="sequences for --example")
+    parser.add_argument("--seed", type=seed, default=0, help="seed (example data, shuffled fit)")
+    parser.add_argument(
+        "--max-tokens", type=count(), default=8192, help="token budget per bin (default 8192)"
+    )
     parser.add_argument(
         "--algorithm",
         choices=ALGORITHMS,
@@ -45,18 +49,26 @@ def register(subparsers: Any) -> None:
         help="packing algorithm (default: best-fit decreasing)",
     )
     parser.add_argument("--padded", action="store_true", help="padded batching instead of packing")
-    parser.add_argument("--max-seqs", type=int, default=None, help="at most this many per bin")
-    parser.add_argument("--pad-to-multiple-of", type=int, default=1, help="round each sequence up")
+    parser.add_argument(
+        "--max-seqs", type=count(), default=None, help="at most this many sequences per bin"
+    )
+    parser.add_argument(
+        "--pad-to-multiple-of", type=count(), default=1, help="round each sequence up to this"
+    )
     parser.add_argument(
         "--oversize",
         choices=["error", "truncate", "split", "drop"],
         default="error",
         help="what to do with sequences longer than --max-tokens",
     )
-    parser.add_argument("--output", type=Path, help="write the packing arrays to this .npz file")
+    parser.add_argument(
+        "--output", type=output_file(".npz"), help="write the packing arrays to this .npz file"
+    )
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
     parser.add_argument(
-        "--plot", type=Path, help="draw fill and length histograms to this image (needs matplotlib)"
+        "--plot",
+        type=output_file(),
+        help="draw fill and length histograms to this image (needs matplotlib)",
     )
     parser.set_defaults(handler=run)
 
@@ -69,12 +81,54 @@ def read_lengths(path: Path) -> npt.NDArray[np.int64]:
     """Lengths from a ``.npy`` file or a text file of integers (whitespace separated).
 
     Text is parsed block by block with a progress bar on a terminal, so a file of
-    hundreds of millions of lengths shows progress and stops cleanly on Ctrl-C.
+    hundreds of millions of lengths shows progress and stops cleanly on Ctrl-C. A file
+    that cannot be read, holds no lengths, or holds anything but a 1-D array of integers
+    is refused with what to do instead; pickled ``.npy`` files are never loaded.
     """
     if not path.exists():
         raise InvalidValueError(f"lengths file {str(path)!r} does not exist")
-    if path.suffix == ".npy":
-        return np.asarray(np.load(path, allow_pickle=False))
+    if path.is_dir():
+        raise InvalidValueError(f"lengths file {str(path)!r} is a folder; give a .npy or .txt file")
+    try:
+        lengths = _read_npy(path) if path.suffix == ".npy" else _read_text(path)
+    except OSError as exc:
+        raise InvalidValueError(f"cannot read lengths file {str(path)!r}: {exc.strerror}") from None
+    if lengths.size == 0:
+        raise InvalidValueError(f"lengths file {str(path)!r} holds no lengths")
+    return lengths
+
+
+_SAVE_HINT = "save them with np.save(path, np.asarray(lengths, dtype=np.int64))"
+
+
+def _read_npy(path: Path) -> npt.NDArray[np.int64]:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc):  # numpy's refusal of object arrays and of non-.npy files
+            raise InvalidValueError(
+                f"lengths file {str(path)!r} is pickled or not a .npy file; pickles are never "
+                f"loaded (they can run code): {_SAVE_HINT}"
+            ) from None
+        raise InvalidValueError(
+            f"lengths file {str(path)!r} is not a valid .npy file ({exc})"
+        ) from None
+    except EOFError:
+        raise InvalidValueError(f"lengths file {str(path)!r} is empty or truncated") from None
+    if not isinstance(array, np.ndarray) or array.ndim != 1 or array.dtype.kind not in "iu":
+        what = (
+            f"an array of shape {array.shape} and dtype {array.dtype}"
+            if isinstance(array, np.ndarray)
+            else type(array).__name__
+        )
+        raise InvalidValueError(
+            f"lengths file {str(path)!r} holds {what}; it needs a 1-D array of integers: "
+            + _SAVE_HINT
+        )
+    return np.asarray(array)
+
+
+def _read_text(path: Path) -> npt.NDArray[np.int64]:
     parts: list[npt.NDArray[np.int64]] = []
     carry = b""
     total = path.stat().st_size if path.is_file() else 0
@@ -87,7 +141,7 @@ def read_lengths(path: Path) -> npt.NDArray[np.int64]:
             carry, text = (text[cut + 1 :], text[: cut + 1]) if cut >= 0 else (text, b"")
             parts.append(_parse_integers(text, path))
         parts.append(_parse_integers(carry, path))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return np.concatenate(parts)
 
 
 def _parse_integers(text: bytes, path: Path) -> npt.NDArray[np.int64]:
@@ -97,7 +151,8 @@ def _parse_integers(text: bytes, path: Path) -> npt.NDArray[np.int64]:
     except (ValueError, OverflowError):
         bad = next(w for w in words if not w.lstrip(b"+-").isdigit() or abs(int(w)) >= 2**63)
         raise InvalidValueError(
-            f"{path}: not a text file of integers ({bad.decode(errors='replace')!r})"
+            f"lengths file {str(path)!r} is not a text file of integers "
+            f"(found {bad.decode(errors='replace')[:40]!r}); write one length per line"
         ) from None
 
 
@@ -133,19 +188,21 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from tokenbatch.plot import plot_packing
 
-        plot_packing(packing, path=args.plot)
+        with atomic_output(args.plot) as partial:
+            plot_packing(packing, path=partial)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
 def save_packing(packing: Packing, path: Path) -> None:
-    """Write the CSR arrays (and the budget) to an ``.npz`` file."""
-    np.savez(
-        path,
-        bin_offsets=packing.bin_offsets,
-        indices=packing.indices,
-        starts=packing.starts,
-        lengths=packing.lengths,
-        bin_tokens=packing.bin_tokens,
-        max_tokens=np.int64(packing.max_tokens),
-    )
+    """Write the CSR arrays (and the budget) to an ``.npz`` file (complete or not at all)."""
+    with atomic_output(path) as partial:
+        np.savez(
+            partial,
+            bin_offsets=packing.bin_offsets,
+            indices=packing.indices,
+            starts=packing.starts,
+            lengths=packing.lengths,
+            bin_tokens=packing.bin_tokens,
+            max_tokens=np.int64(packing.max_tokens),
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -14,8 +13,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenbatch.cli.memory_command import load_spec, parse_size
+from tokenbatch.cli.memory_command import add_gpu_memory, load_spec
+from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.table import format_table, format_value
+from tokenbatch.cli.units import (
+    BYTES_HELP,
+    COUNT_HELP,
+    count,
+    non_negative_real,
+    output_file,
+    parse_count,
+    positive_real,
+)
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.memory import ModelSpec
 from tokenbatch.scaling import ExtrapolationWarning, Recommendation, launch_plan, recommend
@@ -33,37 +42,11 @@ from tokenbatch.schedule import (
     gpt3_ramp,
 )
 
-_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-_BINARY = {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
-_COUNT = re.compile(r"\s*([0-9][0-9_,]*(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
 _PRESET_TOKENS = {
     "deepseek-v3": 14_800_000_000_000,
     "gpt3-175b": 300_000_000_000,
     "llama3-405b": 15_600_000_000_000,
 }
-
-
-def parse_count(text: str) -> int:
-    """An integer count with an optional suffix: ``469B``, ``14.8T``, ``4Mi``, ``3e9``.
-
-    Decimal suffixes K, M, B (or G), T; binary Ki, Mi, Gi, Ti. The result must be whole.
-    """
-    match = _COUNT.fullmatch(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 4096, 469B, 4Mi)")
-    number, suffix = match.group(1).replace("_", "").replace(",", ""), match.group(2).upper()
-    scale = _BINARY.get(suffix, _SUFFIXES.get(suffix))
-    if scale is None:
-        raise argparse.ArgumentTypeError(f"unknown suffix {match.group(2)!r} in {text!r}")
-    try:
-        from decimal import Decimal, InvalidOperation
-
-        value = Decimal(number) * scale
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
-    if value != value.to_integral_value():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(value)
 
 
 def _piece(text: str) -> tuple[int, int]:
@@ -80,7 +63,7 @@ def register(subparsers: Any) -> None:
         description=(
             "Print the per-optimizer-step table, or a summary, of a batch-size schedule: "
             "a Megatron-LM ramp, a linear ramp, piecewise batches, a published preset, or "
-            "the batch a scaling law recommends. Counts accept suffixes: 469B, 14.8T, 4Mi."
+            f"the batch a scaling law recommends. {COUNT_HELP} {BYTES_HELP}"
         ),
     )
     source = parser.add_mutually_exclusive_group(required=True)
@@ -119,38 +102,44 @@ def register(subparsers: Any) -> None:
         default="three-term",
         help="the law behind --recommend (three-term: Schaipp 2026, a full launch plan)",
     )
-    parser.add_argument("--gpus", type=parse_count, default=None, help="GPUs (default: --dp)")
-    parser.add_argument("--gpu-memory", default="80GB", help="memory per GPU (default 80GB)")
+    parser.add_argument("--gpus", type=count(), default=None, help="GPUs (default: --dp)")
+    add_gpu_memory(parser)
     parser.add_argument("--unit", choices=["tokens", "sequences"], default="tokens")
-    parser.add_argument("--seq-len", type=parse_count, default=None, help="tokens per sequence")
+    parser.add_argument("--seq-len", type=count(), default=None, help="tokens per sequence")
     parser.add_argument("--by", choices=["tokens", "steps"], default="tokens", help="ramp shape")
     parser.add_argument(
         "--multiple-of",
-        type=parse_count,
+        type=count(),
         default=None,
         help="round ramp batches down to a multiple of this (in --unit; default: one round of "
         "micro-batches, micro-batch tokens x dp)",
     )
-    parser.add_argument("--total-tokens", type=parse_count, default=None, help="token budget")
+    parser.add_argument("--total-tokens", type=count(), default=None, help="token budget")
     parser.add_argument(
         "--micro-batch-tokens",
-        type=parse_count,
+        type=count(),
         default=None,
         help="tokens per micro-batch per rank (default: --seq-len, else 4096)",
     )
-    parser.add_argument("--dp", type=parse_count, default=1, help="data-parallel size")
+    parser.add_argument("--dp", type=count(), default=1, help="data-parallel size")
     lr = parser.add_argument_group("learning rate (keyed to tokens)")
-    lr.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    lr.add_argument("--lr", type=positive_real, default=None, help="peak learning rate")
     lr.add_argument("--lr-schedule", choices=["constant", "cosine", "wsd"], default="cosine")
     lr.add_argument("--warmup-tokens", type=parse_count, default=0)
-    lr.add_argument("--min-lr", type=float, default=0.0)
+    lr.add_argument("--min-lr", type=non_negative_real, default=0.0)
     out = parser.add_argument_group("output")
     out.add_argument("--steps", action="store_true", help="print every step (see --every)")
-    out.add_argument("--every", type=int, default=1, help="with --steps, every N-th step")
-    out.add_argument("--rows", type=int, default=12, help="checkpoints in the summary table")
+    out.add_argument("--every", type=count(), default=1, help="with --steps, every N-th step")
+    out.add_argument(
+        "--rows", type=count(minimum=2), default=12, help="checkpoints in the summary table"
+    )
     out.add_argument("--json", action="store_true", help="print the summary as JSON")
-    out.add_argument("--output", type=Path, help="write the full table to .npz or .csv")
-    out.add_argument("--plot", type=Path, help="plot batch and learning rate (needs matplotlib)")
+    out.add_argument(
+        "--output", type=output_file(".npz", ".csv"), help="write the full table to .npz or .csv"
+    )
+    out.add_argument(
+        "--plot", type=output_file(), help="plot batch and learning rate (needs matplotlib)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -194,7 +183,10 @@ def build_schedule(args: argparse.Namespace) -> tuple[BatchSchedule, str, Recomm
         return schedule, repr(schedule), None
     if args.total_tokens is None:
         raise InvalidValueError("--recommend needs --total-tokens")
-    n_params = parse_count(args.recommend)
+    try:
+        n_params = parse_count(args.recommend)
+    except argparse.ArgumentTypeError as exc:
+        raise InvalidValueError(f"--recommend with --law {args.law} takes a count: {exc}") from None
     grid = args.multiple_of
     if grid is None:
         grid = _micro_batch_tokens(args, None) * args.dp
@@ -230,8 +222,14 @@ def _model(text: str) -> ModelSpec | int:
     """A parameter count (``7B``), or a model preset or config.json for a full plan."""
     try:
         return parse_count(text)
-    except argparse.ArgumentTypeError:
-        return load_spec(text)
+    except argparse.ArgumentTypeError as not_a_count:
+        try:
+            return load_spec(text)
+        except InvalidValueError as not_a_model:
+            raise InvalidValueError(
+                f"--recommend {text!r} is neither a parameter count ({not_a_count}) nor a "
+                f"model ({not_a_model})"
+            ) from None
 
 
 def run_launch_plan(args: argparse.Namespace) -> int:
@@ -245,7 +243,7 @@ def run_launch_plan(args: argparse.Namespace) -> int:
             args.total_tokens,
             num_gpus=args.gpus if args.gpus is not None else args.dp,
             seq_len=args.seq_len if args.seq_len is not None else 4096,
-            gpu_memory=parse_size(args.gpu_memory),
+            gpu_memory=args.gpu_memory,
             peak_lr=args.lr,
         )
     for warning in caught:
@@ -260,10 +258,12 @@ def run_launch_plan(args: argparse.Namespace) -> int:
         if base is None:
             base = CosineLR(plan.peak_lr, plan.tokens, warmup_tokens=args.warmup_tokens)
         rates = plan.lr_schedule(base).lr_at(table["consumed_tokens"])
-        save_table(table, rates, args.output)
+        with atomic_output(args.output) as partial:
+            save_table(table, rates, partial)
         print(f"wrote {args.output}", file=sys.stderr)
     if args.plot is not None:
-        plan.plot(path=str(args.plot))
+        with atomic_output(args.plot) as partial:
+            plan.plot(path=str(partial))
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -309,10 +309,12 @@ def run(args: argparse.Namespace) -> int:
         rows = _row_indices(table, args)
         print(format_table(*_step_rows(table, lr, rows)))
     if args.output is not None:
-        save_table(table, lr, args.output)
+        with atomic_output(args.output) as partial:
+            save_table(table, lr, partial)
         print(f"wrote {args.output}", file=sys.stderr)
     if args.plot is not None:
-        plot_schedule(table, lr, args.plot, title=description)
+        with atomic_output(args.plot) as partial:
+            plot_schedule(table, lr, partial, title=description)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyString};
+use pyo3::types::{PyBool, PyFloat, PyString};
 use tokenbatch_core::Error;
 
 use crate::error::{invalid_type, invalid_value, to_py_err};
@@ -67,7 +67,8 @@ fn describe(value: &Bound<'_, PyAny>) -> String {
     format!("{repr} ({type_name})")
 }
 
-/// An integer in the signed 64-bit range, at least `minimum` (not a bool, not a float).
+/// An integer in the signed 64-bit range, at least `minimum`: not a bool; a float only if
+/// it holds a whole number (`2e3`), as `tokenbatch._convert.as_int` reads counts.
 pub fn int(value: &Bound<'_, PyAny>, name: &str, minimum: i64) -> PyResult<i64> {
     if value.is_instance_of::<PyBool>() {
         return Err(invalid_type(format!(
@@ -75,7 +76,46 @@ pub fn int(value: &Bound<'_, PyAny>, name: &str, minimum: i64) -> PyResult<i64> 
             describe(value)
         )));
     }
-    let result = value.extract::<i64>().map_err(|error| {
+    let result = if is_float(value) {
+        whole(value.extract::<f64>()?, name)?
+    } else {
+        exact_int(value, name)?
+    };
+    if result < minimum {
+        return Err(invalid_value(format!(
+            "{name} must be at least {minimum}, got {result}"
+        )));
+    }
+    Ok(result)
+}
+
+/// A Python or numpy float.
+fn is_float(value: &Bound<'_, PyAny>) -> bool {
+    value.is_instance_of::<PyFloat>()
+        || value
+            .get_type()
+            .name()
+            .is_ok_and(|n| n.to_str().is_ok_and(|n| n.starts_with("float")))
+}
+
+/// A float holding a whole number in the signed 64-bit range, as that integer.
+fn whole(x: f64, name: &str) -> PyResult<i64> {
+    if !x.is_finite() || x.fract() != 0.0 {
+        return Err(invalid_type(format!(
+            "{name} must be an integer, got {x:?} (not a whole number)"
+        )));
+    }
+    // 2^63 is exactly representable; every whole float below it fits in i64.
+    if !(-(2f64.powi(63))..2f64.powi(63)).contains(&x) {
+        return Err(to_py_err(Error::overflow(format!(
+            "{name}={x:?} does not fit in a signed 64-bit integer"
+        ))));
+    }
+    Ok(x as i64)
+}
+
+fn exact_int(value: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    value.extract::<i64>().map_err(|error| {
         if error.is_instance_of::<PyOverflowError>(value.py()) {
             to_py_err(Error::overflow(format!(
                 "{name}={value} does not fit in a signed 64-bit integer"
@@ -86,13 +126,7 @@ pub fn int(value: &Bound<'_, PyAny>, name: &str, minimum: i64) -> PyResult<i64> 
                 describe(value)
             ))
         }
-    })?;
-    if result < minimum {
-        return Err(invalid_value(format!(
-            "{name} must be at least {minimum}, got {result}"
-        )));
-    }
-    Ok(result)
+    })
 }
 
 /// `None`, or an integer of at least `minimum`.

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use tokenbatch_core::context_parallel;
 
 use crate::arrays::as_slice;
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 
 /// The part of a packed row that one context-parallel rank processes.
 ///
@@ -29,12 +29,16 @@ pub struct PyShard {
 
 #[pymethods]
 impl PyShard {
-    fn __repr__(&self, py: Python<'_>) -> String {
-        format!(
-            "ContextParallelShard(tokens={}, documents={})",
-            self.indices.bind(py).len(),
-            self.cu_seqlens.bind(py).len().saturating_sub(1)
-        )
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        guard("ContextParallelShard.__repr__", || {
+            Ok({
+                format!(
+                    "ContextParallelShard(tokens={}, documents={})",
+                    self.indices.bind(py).len(),
+                    self.cu_seqlens.bind(py).len().saturating_sub(1)
+                )
+            })
+        })
     }
 }
 
@@ -54,14 +58,16 @@ fn cp_shard(
     cp_size: i64,
     cp_rank: i64,
 ) -> PyResult<PyShard> {
-    let (real, padded) = (as_slice(&cu_seqlens)?, as_slice(&cu_seqlens_padded)?);
-    let shard = py
-        .detach(|| context_parallel::shard(real, padded, cp_size, cp_rank))
-        .into_py_result()?;
-    Ok(PyShard {
-        indices: read_only(py, shard.indices)?,
-        cu_seqlens: read_only(py, shard.cu_seqlens)?,
-        cu_seqlens_padded: read_only(py, shard.cu_seqlens_padded)?,
+    guard("cp_shard", || {
+        let (real, padded) = (as_slice(&cu_seqlens)?, as_slice(&cu_seqlens_padded)?);
+        let shard = py
+            .detach(|| context_parallel::shard(real, padded, cp_size, cp_rank))
+            .into_py_result()?;
+        Ok(PyShard {
+            indices: read_only(py, shard.indices)?,
+            cu_seqlens: read_only(py, shard.cu_seqlens)?,
+            cu_seqlens_padded: read_only(py, shard.cu_seqlens_padded)?,
+        })
     })
 }
 
@@ -72,11 +78,13 @@ fn cp_rank_major_order<'py>(
     cu_seqlens_padded: PyReadonlyArray1<'py, i64>,
     cp_size: i64,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    let padded = as_slice(&cu_seqlens_padded)?;
-    let order = py
-        .detach(|| context_parallel::rank_major_order(padded, cp_size))
-        .into_py_result()?;
-    Ok(order.into_pyarray(py))
+    guard("cp_rank_major_order", || {
+        let padded = as_slice(&cu_seqlens_padded)?;
+        let order = py
+            .detach(|| context_parallel::rank_major_order(padded, cp_size))
+            .into_py_result()?;
+        Ok(order.into_pyarray(py))
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

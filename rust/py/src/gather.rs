@@ -4,7 +4,7 @@ use numpy::{Element, IntoPyArray, PyReadonlyArray1};
 use pyo3::prelude::*;
 
 use crate::arrays::as_slice;
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 /// A value buffer of any fixed-width dtype, viewed as the unsigned integer of its width.
@@ -38,13 +38,15 @@ fn gather_segments<'py>(
     starts: PyReadonlyArray1<'py, i64>,
     lengths: PyReadonlyArray1<'py, i64>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (starts, lengths) = (as_slice(&starts)?, as_slice(&lengths)?);
-    match &values {
-        Words::U8(v) => gather(py, v, starts, lengths),
-        Words::U16(v) => gather(py, v, starts, lengths),
-        Words::U32(v) => gather(py, v, starts, lengths),
-        Words::U64(v) => gather(py, v, starts, lengths),
-    }
+    guard("gather_segments", || {
+        let (starts, lengths) = (as_slice(&starts)?, as_slice(&lengths)?);
+        match &values {
+            Words::U8(v) => gather(py, v, starts, lengths),
+            Words::U16(v) => gather(py, v, starts, lengths),
+            Words::U32(v) => gather(py, v, starts, lengths),
+            Words::U64(v) => gather(py, v, starts, lengths),
+        }
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

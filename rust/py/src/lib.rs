@@ -2,7 +2,8 @@
 //!
 //! Every function here is a thin shell around `tokenbatch-core`: borrow the numpy input
 //! as a slice, release the GIL while the core works, map its error to the matching
-//! `tokenbatch` exception, hand the result back to numpy without copying.
+//! `tokenbatch` exception, hand the result back to numpy without copying. Each body runs
+//! inside [`error::guard`], so a Rust panic becomes `tokenbatch.InternalError`.
 
 mod args;
 mod arrays;
@@ -21,6 +22,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(error::_panic_for_test, m)?)?;
     context_parallel::register(m)?;
     gather::register(m)?;
     memory::register(m)?;

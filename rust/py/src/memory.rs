@@ -9,7 +9,7 @@ use tokenbatch_core::memory::{
 };
 
 use crate::arrays::as_slice;
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 /// The fields of `tokenbatch.ModelSpec.to_dict()`, read by key.
@@ -84,9 +84,11 @@ impl SpecDict {
 /// Validate a spec and return its (total, active) parameter counts.
 #[pyfunction]
 fn memory_param_counts(spec: SpecDict) -> PyResult<(f64, f64)> {
-    let spec = spec.into_core().into_py_result()?;
-    spec.validate().into_py_result()?;
-    Ok((spec.total_params(), spec.active_params()))
+    guard("memory_param_counts", || {
+        let spec = spec.into_core().into_py_result()?;
+        spec.validate().into_py_result()?;
+        Ok((spec.total_params(), spec.active_params()))
+    })
 }
 
 /// Parameters of a dense layer, of an MoE layer, and of an MoE layer counting only the
@@ -97,19 +99,21 @@ type LayerParamTable = ([f64; 4], [f64; 4], [f64; 4], f64, f64);
 /// Validate a spec and return its per-layer parameter counts (see [`LayerParamTable`]).
 #[pyfunction]
 fn memory_layer_params(spec: SpecDict) -> PyResult<LayerParamTable> {
-    let spec = spec.into_core().into_py_result()?;
-    spec.validate().into_py_result()?;
-    let row = |p: memory::LayerParams| [p.replicated, p.tp_split, p.kv, p.experts];
-    let moe_index = spec.first_dense_layers.min(spec.num_layers - 1);
-    let (embedding, _) = spec.embedding_params();
-    let (_, projection) = spec.head_params(false);
-    Ok((
-        row(spec.layer_params(0, false)),
-        row(spec.layer_params(moe_index, false)),
-        row(spec.layer_params(moe_index, true)),
-        embedding,
-        projection,
-    ))
+    guard("memory_layer_params", || {
+        let spec = spec.into_core().into_py_result()?;
+        spec.validate().into_py_result()?;
+        let row = |p: memory::LayerParams| [p.replicated, p.tp_split, p.kv, p.experts];
+        let moe_index = spec.first_dense_layers.min(spec.num_layers - 1);
+        let (embedding, _) = spec.embedding_params();
+        let (_, projection) = spec.head_params(false);
+        Ok((
+            row(spec.layer_params(0, false)),
+            row(spec.layer_params(moe_index, false)),
+            row(spec.layer_params(moe_index, true)),
+            embedding,
+            projection,
+        ))
+    })
 }
 
 /// Layers of each pipeline stage under a split rule (a `pipeline_split` code and explicit
@@ -122,10 +126,12 @@ fn memory_pipeline_layers(
     split: f64,
     first: u64,
     last: u64,
-) -> Option<Vec<u64>> {
-    let split = memory::PipelineSplit::from_code(split)?;
-    let stages = memory::StageLayers::new(num_layers, pp, vpp, split, first, last)?;
-    Some((0..pp).map(|stage| stages.stage_layers(stage)).collect())
+) -> PyResult<Option<Vec<u64>>> {
+    guard("memory_pipeline_layers", || {
+        let stages = memory::PipelineSplit::from_code(split)
+            .and_then(|split| memory::StageLayers::new(num_layers, pp, vpp, split, first, last));
+        Ok(stages.map(|stages| (0..pp).map(|stage| stages.stage_layers(stage)).collect()))
+    })
 }
 
 /// A grid's values table and reason codes.
@@ -148,28 +154,30 @@ fn memory_grid<'py>(
     shape: Vec<usize>,
     inputs: Vec<(NumberArray<'py>, Vec<usize>)>,
 ) -> PyResult<GridArrays<'py>> {
-    let spec = spec.into_core().into_py_result()?;
-    let slices = inputs
-        .iter()
-        .map(|(array, strides)| {
-            let data = match array {
-                NumberArray::F64(array) => Values::F64(as_slice(array)?),
-                NumberArray::I64(array) => Values::I64(as_slice(array)?),
-                NumberArray::Bool(array) => Values::Bool(as_slice(array)?),
-            };
-            Ok(GridInput {
-                data,
-                strides: strides.as_slice(),
+    guard("memory_grid", || {
+        let spec = spec.into_core().into_py_result()?;
+        let slices = inputs
+            .iter()
+            .map(|(array, strides)| {
+                let data = match array {
+                    NumberArray::F64(array) => Values::F64(as_slice(array)?),
+                    NumberArray::I64(array) => Values::I64(as_slice(array)?),
+                    NumberArray::Bool(array) => Values::Bool(as_slice(array)?),
+                };
+                Ok(GridInput {
+                    data,
+                    strides: strides.as_slice(),
+                })
             })
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    // Parallel over the grid: run in tokenbatch's fork-safe pool.
-    let table =
-        detach_parallel(py, || memory::estimate_grid(&spec, &shape, &slices)).into_py_result()?;
-    Ok((
-        table.values.into_pyarray(py),
-        table.reasons.into_pyarray(py),
-    ))
+            .collect::<PyResult<Vec<_>>>()?;
+        // Parallel over the grid: run in tokenbatch's fork-safe pool.
+        let table = detach_parallel(py, || memory::estimate_grid(&spec, &shape, &slices))
+            .into_py_result()?;
+        Ok((
+            table.values.into_pyarray(py),
+            table.reasons.into_pyarray(py),
+        ))
+    })
 }
 
 /// For each row of `text` (a numpy `<U` array viewed as `(n, width)` uint32 code points),
@@ -181,19 +189,21 @@ fn memory_name_codes<'py>(
     names: Vec<String>,
     codes: Vec<f64>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-    let width = text.shape()[1];
-    let points = text
-        .as_slice()
-        .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))?;
-    if names.len() != codes.len() {
-        return Err(PyValueError::new_err("one code per name"));
-    }
-    let names: Vec<Vec<u32>> = names
-        .iter()
-        .map(|name| name.chars().map(u32::from).collect())
-        .collect();
-    let found = detach_parallel(py, || memory::name_codes(points, width, &names, &codes));
-    Ok(found.into_pyarray(py))
+    guard("memory_name_codes", || {
+        let width = text.shape()[1];
+        let points = text
+            .as_slice()
+            .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))?;
+        if names.len() != codes.len() {
+            return Err(PyValueError::new_err("one code per name"));
+        }
+        let names: Vec<Vec<u32>> = names
+            .iter()
+            .map(|name| name.chars().map(u32::from).collect())
+            .collect();
+        let found = detach_parallel(py, || memory::name_codes(points, width, &names, &codes));
+        Ok(found.into_pyarray(py))
+    })
 }
 
 /// Every pipeline stage of one configuration (layout values in `LAYOUT_FIELDS` order):
@@ -205,33 +215,37 @@ fn memory_stages<'py>(
     spec: SpecDict,
     layout: [f64; N_LAYOUT_FIELDS],
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, u8)> {
-    let spec = spec.into_core().into_py_result()?;
-    let layout = Layout::from_values(&layout);
-    let stages = py
-        .detach(|| memory::estimate_all_stages(&spec, &layout))
-        .into_py_result()?;
-    Ok(match stages {
-        Ok(stages) => (
-            stages
-                .iter()
-                .flat_map(|b| b.to_values())
-                .collect::<Vec<f64>>()
-                .into_pyarray(py),
-            0,
-        ),
-        Err(invalid) => (Vec::new().into_pyarray(py), invalid.code()),
+    guard("memory_stages", || {
+        let spec = spec.into_core().into_py_result()?;
+        let layout = Layout::from_values(&layout);
+        let stages = py
+            .detach(|| memory::estimate_all_stages(&spec, &layout))
+            .into_py_result()?;
+        Ok(match stages {
+            Ok(stages) => (
+                stages
+                    .iter()
+                    .flat_map(|b| b.to_values())
+                    .collect::<Vec<f64>>()
+                    .into_pyarray(py),
+                0,
+            ),
+            Err(invalid) => (Vec::new().into_pyarray(py), invalid.code()),
+        })
     })
 }
 
 /// Names of the grid inputs, of the output columns, and the invalid-reason messages
 /// (reason code `i` is `messages[i - 1]`).
 #[pyfunction]
-fn memory_fields() -> (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>) {
-    (
-        LAYOUT_FIELDS.to_vec(),
-        OUTPUT_FIELDS.to_vec(),
-        INVALID_REASONS.iter().map(|r| r.message()).collect(),
-    )
+fn memory_fields() -> PyResult<(Vec<&'static str>, Vec<&'static str>, Vec<&'static str>)> {
+    guard("memory_fields", || {
+        Ok((
+            LAYOUT_FIELDS.to_vec(),
+            OUTPUT_FIELDS.to_vec(),
+            INVALID_REASONS.iter().map(|r| r.message()).collect(),
+        ))
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

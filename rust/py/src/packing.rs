@@ -11,7 +11,7 @@ use tokenbatch_core::plan::{Bins, PackingKind};
 
 use crate::args;
 use crate::arrays::{as_slice, readonly_slice, IntArray};
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
@@ -72,66 +72,76 @@ impl PyPacking {
 impl PyPacking {
     /// ``n_bins + 1`` offsets into the segment arrays.
     #[getter]
-    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, &slf.get().packing().bin_offsets)
+    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.bin_offsets", || {
+            Ok(Self::view(slf, &slf.get().packing().bin_offsets))
+        })
     }
 
     /// Input sequence of each segment.
     #[getter]
-    fn indices<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, &slf.get().packing().indices)
+    fn indices<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.indices", || {
+            Ok(Self::view(slf, &slf.get().packing().indices))
+        })
     }
 
     /// Token offset of each segment inside its sequence.
     #[getter]
-    fn starts<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, &slf.get().packing().starts)
+    fn starts<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.starts", || {
+            Ok(Self::view(slf, &slf.get().packing().starts))
+        })
     }
 
     /// Tokens of each segment.
     #[getter]
-    fn lengths<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, &slf.get().packing().lengths)
+    fn lengths<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.lengths", || {
+            Ok(Self::view(slf, &slf.get().packing().lengths))
+        })
     }
 
     /// Budget cost of each bin (padding included).
     #[getter]
-    fn bin_tokens<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, &slf.get().packing().bin_tokens)
+    fn bin_tokens<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("Packing.bin_tokens", || {
+            Ok(Self::view(slf, &slf.get().packing().bin_tokens))
+        })
     }
 
     /// The token budget of one bin.
     #[getter]
-    fn max_tokens(&self) -> u64 {
-        self.bins.max_tokens
+    fn max_tokens(&self) -> PyResult<u64> {
+        guard("Packing.max_tokens", || Ok(self.bins.max_tokens))
     }
 
     /// Number of input sequences.
     #[getter]
-    fn n_seqs(&self) -> u64 {
-        self.bins.n_seqs
+    fn n_seqs(&self) -> PyResult<u64> {
+        guard("Packing.n_seqs", || Ok(self.bins.n_seqs))
     }
 
     /// ``"packed"`` (sequences concatenated) or ``"padded"`` (padded to the longest).
     #[getter]
-    fn kind(&self) -> &'static str {
-        self.bins.kind.name()
+    fn kind(&self) -> PyResult<&'static str> {
+        guard("Packing.kind", || Ok(self.bins.kind.name()))
     }
 
     /// Number of bins.
     #[getter]
-    fn n_bins(&self) -> usize {
-        self.packing().n_bins()
+    fn n_bins(&self) -> PyResult<usize> {
+        guard("Packing.n_bins", || Ok(self.packing().n_bins()))
     }
 
     /// Number of segments (sequences, or pieces of split sequences, that were placed).
     #[getter]
-    fn n_segments(&self) -> usize {
-        self.packing().indices.len()
+    fn n_segments(&self) -> PyResult<usize> {
+        guard("Packing.n_segments", || Ok(self.packing().indices.len()))
     }
 
-    fn __len__(&self) -> usize {
-        self.packing().n_bins()
+    fn __len__(&self) -> PyResult<usize> {
+        guard("Packing.__len__", || Ok(self.packing().n_bins()))
     }
 
     /// Sequence indices in bin ``bin_index`` (a read-only view, negative indices allowed).
@@ -139,16 +149,22 @@ impl PyPacking {
         slf: &Bound<'py, Self>,
         bin_index: &Bound<'py, PyAny>,
     ) -> PyResult<Arr<'py>> {
-        let (lo, hi) = slf.get().bounds(bin_index)?;
-        Ok(Self::view(slf, &slf.get().packing().indices[lo..hi]))
+        guard("Packing.__getitem__", || {
+            let (lo, hi) = slf.get().bounds(bin_index)?;
+            Ok(Self::view(slf, &slf.get().packing().indices[lo..hi]))
+        })
     }
 
     /// The sequence indices of every bin in turn (read-only views).
-    fn __iter__(slf: &Bound<'_, Self>) -> PackingBins {
-        PackingBins {
-            packing: slf.clone().unbind(),
-            next: 0,
-        }
+    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<PackingBins> {
+        guard("Packing.__iter__", || {
+            Ok({
+                PackingBins {
+                    packing: slf.clone().unbind(),
+                    next: 0,
+                }
+            })
+        })
     }
 
     /// ``(indices, starts, lengths)`` of the segments in bin ``bin_index``.
@@ -156,36 +172,40 @@ impl PyPacking {
         slf: &Bound<'py, Self>,
         bin_index: &Bound<'py, PyAny>,
     ) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
-        let (lo, hi) = slf.get().bounds(bin_index)?;
-        let packing = slf.get().packing();
-        Ok((
-            Self::view(slf, &packing.indices[lo..hi]),
-            Self::view(slf, &packing.starts[lo..hi]),
-            Self::view(slf, &packing.lengths[lo..hi]),
-        ))
+        guard("Packing.segments", || {
+            let (lo, hi) = slf.get().bounds(bin_index)?;
+            let packing = slf.get().packing();
+            Ok((
+                Self::view(slf, &packing.indices[lo..hi]),
+                Self::view(slf, &packing.starts[lo..hi]),
+                Self::view(slf, &packing.lengths[lo..hi]),
+            ))
+        })
     }
 
     /// Real (non-padding) tokens placed in bins.
     #[getter]
-    fn total_tokens(&self) -> u64 {
-        self.bins.total_tokens()
+    fn total_tokens(&self) -> PyResult<u64> {
+        guard("Packing.total_tokens", || Ok(self.bins.total_tokens()))
     }
 
     /// Real tokens / (n_bins x max_tokens); 1.0 for an empty packing.
     #[getter]
-    fn efficiency(&self) -> f64 {
-        let n_bins = self.packing().n_bins() as u64;
-        if n_bins == 0 {
-            return 1.0;
-        }
-        self.bins.total_tokens() as f64 / (n_bins as f64 * self.bins.max_tokens as f64)
+    fn efficiency(&self) -> PyResult<f64> {
+        guard("Packing.efficiency", || {
+            let n_bins = self.packing().n_bins() as u64;
+            if n_bins == 0 {
+                return Ok(1.0);
+            }
+            Ok(self.bins.total_tokens() as f64 / (n_bins as f64 * self.bins.max_tokens as f64))
+        })
     }
 
     /// Fewest bins any packing could use: ceil(total cost / max_tokens), or more when
     /// ``max_seqs`` forces it.
     #[getter]
-    fn lower_bound(&self) -> u64 {
-        self.bins.lower_bound
+    fn lower_bound(&self) -> PyResult<u64> {
+        guard("Packing.lower_bound", || Ok(self.bins.lower_bound))
     }
 
     /// Summary counts.
@@ -195,72 +215,78 @@ impl PyPacking {
     /// ``unused_tokens`` is budget left empty in bins (``n_bins x max_tokens`` minus
     /// costs). ``efficiency`` is ``total_tokens / (n_bins x max_tokens)``.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let packing = self.packing();
-        let counts = &packing.counts;
-        let total_tokens = i128::from(self.bins.total_tokens());
-        let total_cost: i128 = packing.bin_tokens.iter().map(|&t| i128::from(t)).sum();
-        let budget = packing.n_bins() as i128 * i128::from(self.bins.max_tokens);
-        let stats = PyDict::new(py);
-        stats.set_item("n_seqs", self.bins.n_seqs)?;
-        stats.set_item("n_segments", packing.indices.len())?;
-        stats.set_item("n_bins", packing.n_bins())?;
-        stats.set_item("lower_bound", self.bins.lower_bound)?;
-        stats.set_item("max_tokens", self.bins.max_tokens)?;
-        stats.set_item("input_tokens", counts.input_tokens)?;
-        stats.set_item("total_tokens", total_tokens)?;
-        stats.set_item("padding_tokens", total_cost - total_tokens)?;
-        stats.set_item("unused_tokens", budget - total_cost)?;
-        stats.set_item("efficiency", self.efficiency())?;
-        stats.set_item("dropped_seqs", counts.dropped_seqs)?;
-        stats.set_item("dropped_tokens", counts.dropped_tokens)?;
-        stats.set_item("truncated_seqs", counts.truncated_seqs)?;
-        stats.set_item("truncated_tokens", counts.truncated_tokens)?;
-        stats.set_item("split_seqs", counts.split_seqs)?;
-        stats.set_item("split_pieces", counts.split_pieces)?;
-        Ok(stats)
+        guard("Packing.stats", || {
+            let packing = self.packing();
+            let counts = &packing.counts;
+            let total_tokens = i128::from(self.bins.total_tokens());
+            let total_cost: i128 = packing.bin_tokens.iter().map(|&t| i128::from(t)).sum();
+            let budget = packing.n_bins() as i128 * i128::from(self.bins.max_tokens);
+            let stats = PyDict::new(py);
+            stats.set_item("n_seqs", self.bins.n_seqs)?;
+            stats.set_item("n_segments", packing.indices.len())?;
+            stats.set_item("n_bins", packing.n_bins())?;
+            stats.set_item("lower_bound", self.bins.lower_bound)?;
+            stats.set_item("max_tokens", self.bins.max_tokens)?;
+            stats.set_item("input_tokens", counts.input_tokens)?;
+            stats.set_item("total_tokens", total_tokens)?;
+            stats.set_item("padding_tokens", total_cost - total_tokens)?;
+            stats.set_item("unused_tokens", budget - total_cost)?;
+            stats.set_item("efficiency", self.efficiency()?)?;
+            stats.set_item("dropped_seqs", counts.dropped_seqs)?;
+            stats.set_item("dropped_tokens", counts.dropped_tokens)?;
+            stats.set_item("truncated_seqs", counts.truncated_seqs)?;
+            stats.set_item("truncated_tokens", counts.truncated_tokens)?;
+            stats.set_item("split_seqs", counts.split_seqs)?;
+            stats.set_item("split_pieces", counts.split_pieces)?;
+            Ok(stats)
+        })
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "Packing(kind='{}', n_seqs={}, n_bins={}, max_tokens={}, efficiency={:.4})",
-            self.bins.kind.name(),
-            self.bins.n_seqs,
-            self.packing().n_bins(),
-            self.bins.max_tokens,
-            self.efficiency()
-        )
+    fn __repr__(&self) -> PyResult<String> {
+        guard("Packing.__repr__", || {
+            Ok(format!(
+                "Packing(kind='{}', n_seqs={}, n_bins={}, max_tokens={}, efficiency={:.4})",
+                self.bins.kind.name(),
+                self.bins.n_seqs,
+                self.packing().n_bins(),
+                self.bins.max_tokens,
+                self.efficiency()?
+            ))
+        })
     }
 
     /// Pickling: the arrays and counts, rebuilt (and checked) by ``_from_parts``.
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let py = slf.py();
-        let this = slf.get();
-        let c = &this.packing().counts;
-        let counts = [
-            c.input_tokens,
-            c.dropped_seqs,
-            c.dropped_tokens,
-            c.truncated_seqs,
-            c.truncated_tokens,
-            c.split_seqs,
-            c.split_pieces,
-        ];
-        let parts = (
-            Self::bin_offsets(slf),
-            Self::indices(slf),
-            Self::starts(slf),
-            Self::lengths(slf),
-            Self::bin_tokens(slf),
-            counts,
-            this.bins.max_tokens,
-            this.bins.n_seqs,
-            this.bins.kind.name(),
-            this.bins.lower_bound,
-        );
-        let rebuild = py.get_type::<Self>().getattr("_from_parts")?;
-        Ok((rebuild, parts.into_pyobject(py)?))
+        guard("Packing.__reduce__", || {
+            let py = slf.py();
+            let this = slf.get();
+            let c = &this.packing().counts;
+            let counts = [
+                c.input_tokens,
+                c.dropped_seqs,
+                c.dropped_tokens,
+                c.truncated_seqs,
+                c.truncated_tokens,
+                c.split_seqs,
+                c.split_pieces,
+            ];
+            let parts = (
+                Self::bin_offsets(slf)?,
+                Self::indices(slf)?,
+                Self::starts(slf)?,
+                Self::lengths(slf)?,
+                Self::bin_tokens(slf)?,
+                counts,
+                this.bins.max_tokens,
+                this.bins.n_seqs,
+                this.bins.kind.name(),
+                this.bins.lower_bound,
+            );
+            let rebuild = py.get_type::<Self>().getattr("_from_parts")?;
+            Ok((rebuild, parts.into_pyobject(py)?))
+        })
     }
 
     /// Rebuild a pickled packing (private).
@@ -278,35 +304,37 @@ impl PyPacking {
         kind: &str,
         lower_bound: u64,
     ) -> PyResult<Self> {
-        let [input_tokens, dropped_seqs, dropped_tokens, truncated_seqs, truncated_tokens, split_seqs, split_pieces] =
-            counts;
-        let bin_tokens = as_slice(&bin_tokens)?.to_vec();
-        let bins = Bins {
-            packing: Packing {
-                bin_offsets: as_slice(&bin_offsets)?.to_vec(),
-                indices: as_slice(&indices)?.to_vec(),
-                starts: as_slice(&starts)?.to_vec(),
-                lengths: as_slice(&lengths)?.to_vec(),
-                segment_cost: bin_tokens.iter().map(|&t| t.max(0) as u64).sum(),
-                bin_tokens,
-                counts: PolicyCounts {
-                    input_tokens,
-                    dropped_seqs,
-                    dropped_tokens,
-                    truncated_seqs,
-                    truncated_tokens,
-                    split_seqs,
-                    split_pieces,
+        guard("Packing._from_parts", || {
+            let [input_tokens, dropped_seqs, dropped_tokens, truncated_seqs, truncated_tokens, split_seqs, split_pieces] =
+                counts;
+            let bin_tokens = as_slice(&bin_tokens)?.to_vec();
+            let bins = Bins {
+                packing: Packing {
+                    bin_offsets: as_slice(&bin_offsets)?.to_vec(),
+                    indices: as_slice(&indices)?.to_vec(),
+                    starts: as_slice(&starts)?.to_vec().into(),
+                    lengths: as_slice(&lengths)?.to_vec(),
+                    segment_cost: bin_tokens.iter().map(|&t| t.max(0) as u64).sum(),
+                    bin_tokens,
+                    counts: PolicyCounts {
+                        input_tokens,
+                        dropped_seqs,
+                        dropped_tokens,
+                        truncated_seqs,
+                        truncated_tokens,
+                        split_seqs,
+                        split_pieces,
+                    },
                 },
-            },
-            max_tokens,
-            n_seqs,
-            kind: kind.parse().into_py_result()?,
-            lower_bound,
-        };
-        bins.validate().into_py_result()?;
-        Ok(Self {
-            bins: Arc::new(bins),
+                max_tokens,
+                n_seqs,
+                kind: kind.parse().into_py_result()?,
+                lower_bound,
+            };
+            bins.validate().into_py_result()?;
+            Ok(Self {
+                bins: Arc::new(bins),
+            })
         })
     }
 }
@@ -320,22 +348,24 @@ pub struct PackingBins {
 
 #[pymethods]
 impl PackingBins {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
+    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRef<'_, Self>> {
+        guard("PackingBins.__iter__", || Ok(slf))
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> Option<Arr<'py>> {
-        let packing = self.packing.bind(py);
-        let offsets = &packing.get().packing().bin_offsets;
-        if self.next + 1 >= offsets.len() {
-            return None;
-        }
-        let (lo, hi) = (offsets[self.next] as usize, offsets[self.next + 1] as usize);
-        self.next += 1;
-        Some(PyPacking::view(
-            packing,
-            &packing.get().packing().indices[lo..hi],
-        ))
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Arr<'py>>> {
+        guard("PackingBins.__next__", || {
+            let packing = self.packing.bind(py);
+            let offsets = &packing.get().packing().bin_offsets;
+            if self.next + 1 >= offsets.len() {
+                return Ok(None);
+            }
+            let (lo, hi) = (offsets[self.next] as usize, offsets[self.next + 1] as usize);
+            self.next += 1;
+            Ok(Some(PyPacking::view(
+                packing,
+                &packing.get().packing().indices[lo..hi],
+            )))
+        })
     }
 }
 
@@ -389,16 +419,18 @@ fn pack<'py>(
     oversize: &str,
     seed: u64,
 ) -> PyResult<Bound<'py, PyPacking>> {
-    let options = PackOptions::new(
-        max_tokens,
-        max_seqs,
-        pad_to_multiple_of,
-        oversize,
-        algorithm,
-        seed,
-    )
-    .into_py_result()?;
-    run(py, lengths, options, PackingKind::Packed)
+    guard("pack", || {
+        let options = PackOptions::new(
+            max_tokens,
+            max_seqs,
+            pad_to_multiple_of,
+            oversize,
+            algorithm,
+            seed,
+        )
+        .into_py_result()?;
+        run(py, lengths, options, PackingKind::Packed)
+    })
 }
 
 /// Padded token-budget batching (see `tokenbatch.batch_padded`).
@@ -412,9 +444,12 @@ fn batch_padded<'py>(
     pad_to_multiple_of: i64,
     oversize: &str,
 ) -> PyResult<Bound<'py, PyPacking>> {
-    let options = PackOptions::new(max_tokens, max_seqs, pad_to_multiple_of, oversize, "bfd", 0)
-        .into_py_result()?;
-    run(py, lengths, options, PackingKind::Padded)
+    guard("batch_padded", || {
+        let options =
+            PackOptions::new(max_tokens, max_seqs, pad_to_multiple_of, oversize, "bfd", 0)
+                .into_py_result()?;
+        run(py, lengths, options, PackingKind::Padded)
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -6,7 +6,7 @@ use pyo3::exceptions::PyRuntimeWarning;
 use pyo3::prelude::*;
 use tokenbatch_core::parallel;
 
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 
 /// Release the GIL and run `work` in tokenbatch's thread pool (fork-safe, sized by
 /// `set_num_threads`). If the pool could not be built, the work ran on the calling thread
@@ -41,22 +41,24 @@ fn warn_serial(py: Python<'_>, reason: &str) {
 #[pyfunction]
 #[pyo3(signature = (threads))]
 fn set_num_threads(threads: Option<i64>) -> PyResult<()> {
-    let threads = match threads {
-        None => None,
-        Some(n) if n < 1 => {
-            return Err(crate::error::to_py_err(tokenbatch_core::Error::invalid(
-                format!("num_threads must be at least 1 (or None for the default), got {n}"),
-            )))
-        }
-        Some(n) => Some(n as usize),
-    };
-    parallel::set_num_threads(threads).into_py_result()
+    guard("set_num_threads", || {
+        let threads = match threads {
+            None => None,
+            Some(n) if n < 1 => {
+                return Err(crate::error::to_py_err(tokenbatch_core::Error::invalid(
+                    format!("num_threads must be at least 1 (or None for the default), got {n}"),
+                )))
+            }
+            Some(n) => Some(n as usize),
+        };
+        parallel::set_num_threads(threads).into_py_result()
+    })
 }
 
 /// The number of threads parallel work uses.
 #[pyfunction]
-fn get_num_threads() -> usize {
-    parallel::num_threads()
+fn get_num_threads() -> PyResult<usize> {
+    guard("get_num_threads", || Ok(parallel::num_threads()))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

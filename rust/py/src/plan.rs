@@ -13,7 +13,7 @@ use tokenbatch_core::rng;
 
 use crate::args::{self, Arg};
 use crate::arrays::{readonly_slice, readonly_view};
-use crate::error::{invalid_type, invalid_value, IntoPyResult};
+use crate::error::{guard, invalid_type, invalid_value, IntoPyResult};
 use crate::packing::PyPacking;
 use crate::parallel::detach_parallel;
 
@@ -82,109 +82,121 @@ impl PyPlanner {
         split_sequences: Arg<'_>,
         hidden_size: Arg<'_>,
     ) -> PyResult<Self> {
-        let packing = packing.cast::<PyPacking>().map_err(|_| {
-            invalid_type(format!(
-                "packing must be a tokenbatch.Packing, got {}",
-                args::repr(packing)
-            ))
-        })?;
-        let balance = match balance.given() {
-            None => Some(CostKind::Attention),
-            Some(value) if value.is_none() => None,
-            Some(value) => Some(args::choice(value, "balance").map_err(|_| {
-                invalid_value(format!(
-                    "balance must be 'attention', 'tokens', 'flops' or None, got {}",
-                    args::repr(value)
+        guard("Planner.__new__", || {
+            let packing = packing.cast::<PyPacking>().map_err(|_| {
+                invalid_type(format!(
+                    "packing must be a tokenbatch.Packing, got {}",
+                    args::repr(packing)
                 ))
-            })?),
-        };
-        let options = PlanOptions {
-            num_replicas: args::int(num_replicas, "num_replicas", 1)? as usize,
-            seed: seed.given().map_or(Ok(0), args::seed)?,
-            shuffle: shuffle.flag_or("shuffle", true)?,
-            balance,
-            drop_last: drop_last.flag_or("drop_last", false)?,
-            pad_to_multiple_of: pad_to_multiple_of.int_or("pad_to_multiple_of", 1, 1)? as u64,
-            split_sequences: split_sequences.flag_or("split_sequences", false)?,
-            hidden_size: match hidden_size.given() {
-                None => None,
-                Some(value) => args::optional_int(value, "hidden_size", 1)?.map(|h| h as u64),
-            },
-        };
-        let bins = Arc::clone(&packing.get().bins);
-        let planner = detach_parallel(py, || Planner::new(bins, options)).into_py_result()?;
-        Ok(Self {
-            planner,
-            packing: packing.clone().unbind(),
+            })?;
+            let balance = match balance.given() {
+                None => Some(CostKind::Attention),
+                Some(value) if value.is_none() => None,
+                Some(value) => Some(args::choice(value, "balance").map_err(|_| {
+                    invalid_value(format!(
+                        "balance must be 'attention', 'tokens', 'flops' or None, got {}",
+                        args::repr(value)
+                    ))
+                })?),
+            };
+            let options = PlanOptions {
+                num_replicas: args::int(num_replicas, "num_replicas", 1)? as usize,
+                seed: seed.given().map_or(Ok(0), args::seed)?,
+                shuffle: shuffle.flag_or("shuffle", true)?,
+                balance,
+                drop_last: drop_last.flag_or("drop_last", false)?,
+                pad_to_multiple_of: pad_to_multiple_of.int_or("pad_to_multiple_of", 1, 1)? as u64,
+                split_sequences: split_sequences.flag_or("split_sequences", false)?,
+                hidden_size: match hidden_size.given() {
+                    None => None,
+                    Some(value) => args::optional_int(value, "hidden_size", 1)?.map(|h| h as u64),
+                },
+            };
+            let bins = Arc::clone(&packing.get().bins);
+            let planner = detach_parallel(py, || Planner::new(bins, options)).into_py_result()?;
+            Ok(Self {
+                planner,
+                packing: packing.clone().unbind(),
+            })
         })
     }
 
     /// The packing the plans distribute.
     #[getter]
-    fn packing(&self, py: Python<'_>) -> Py<PyPacking> {
-        self.packing.clone_ref(py)
+    fn packing(&self, py: Python<'_>) -> PyResult<Py<PyPacking>> {
+        guard("Planner.packing", || Ok(self.packing.clone_ref(py)))
     }
 
     /// Number of data-parallel ranks.
     #[getter]
-    fn num_replicas(&self) -> usize {
-        self.options().num_replicas
+    fn num_replicas(&self) -> PyResult<usize> {
+        guard("Planner.num_replicas", || Ok(self.options().num_replicas))
     }
 
     /// The seed of the plans.
     #[getter]
-    fn seed(&self) -> u64 {
-        self.options().seed
+    fn seed(&self) -> PyResult<u64> {
+        guard("Planner.seed", || Ok(self.options().seed))
     }
 
     /// Whether plans are shuffled every epoch.
     #[getter]
-    fn shuffle(&self) -> bool {
-        self.options().shuffle
+    fn shuffle(&self) -> PyResult<bool> {
+        guard("Planner.shuffle", || Ok(self.options().shuffle))
     }
 
     /// The cost balanced within a step (``None``: packing order).
     #[getter]
-    fn balance(&self) -> Option<&'static str> {
-        self.options().balance.map(CostKind::name)
+    fn balance(&self) -> PyResult<Option<&'static str>> {
+        guard("Planner.balance", || {
+            Ok(self.options().balance.map(CostKind::name))
+        })
     }
 
     /// Whether the remainder bins are left out.
     #[getter]
-    fn drop_last(&self) -> bool {
-        self.options().drop_last
+    fn drop_last(&self) -> PyResult<bool> {
+        guard("Planner.drop_last", || Ok(self.options().drop_last))
     }
 
     /// The multiple costs round each sequence up to.
     #[getter]
-    fn pad_to_multiple_of(&self) -> u64 {
-        self.options().pad_to_multiple_of
+    fn pad_to_multiple_of(&self) -> PyResult<u64> {
+        guard("Planner.pad_to_multiple_of", || {
+            Ok(self.options().pad_to_multiple_of)
+        })
     }
 
     /// Whether sequences may be cut to give every rank the same number of batches.
     #[getter]
-    fn split_sequences(&self) -> bool {
-        self.options().split_sequences
+    fn split_sequences(&self) -> PyResult<bool> {
+        guard("Planner.split_sequences", || {
+            Ok(self.options().split_sequences)
+        })
     }
 
     /// The model's hidden size, for the FLOPs cost.
     #[getter]
-    fn hidden_size(&self) -> Option<u64> {
-        self.options().hidden_size
+    fn hidden_size(&self) -> PyResult<Option<u64>> {
+        guard("Planner.hidden_size", || Ok(self.options().hidden_size))
     }
 
     /// Real tokens every epoch's plan holds: the packing's, less what ``drop_last`` leaves
     /// out (the same every epoch: epochs only deal the same bins differently).
     #[getter]
-    fn epoch_tokens(&self) -> u64 {
-        self.planner.layout().dealt_tokens()
+    fn epoch_tokens(&self) -> PyResult<u64> {
+        guard("Planner.epoch_tokens", || {
+            Ok(self.planner.layout().dealt_tokens())
+        })
     }
 
     /// The plan of ``epoch``.
     fn plan(&self, py: Python<'_>, epoch: &Bound<'_, PyAny>) -> PyResult<PyEpochPlan> {
-        let epoch = args::int(epoch, "epoch", 0)? as u64;
-        let plan = detach_parallel(py, || self.planner.plan(epoch));
-        Ok(PyEpochPlan { plan })
+        guard("Planner.plan", || {
+            let epoch = args::int(epoch, "epoch", 0)? as u64;
+            let plan = detach_parallel(py, || self.planner.plan(epoch));
+            Ok(PyEpochPlan { plan })
+        })
     }
 
     /// The plan that finishes ``epoch`` on this planner's ``num_replicas`` after ``runs``
@@ -206,36 +218,44 @@ impl PyPlanner {
         epoch: &Bound<'_, PyAny>,
         runs: &Bound<'_, PyAny>,
     ) -> PyResult<PyEpochPlan> {
-        let epoch = args::int(epoch, "epoch", 0)? as u64;
-        let runs = runs
-            .try_iter()
-            .map_err(|_| invalid_type("runs must be a sequence of (num_replicas, steps) pairs"))?
-            .map(|run| {
-                let (replicas, steps): (Bound<'_, PyAny>, Bound<'_, PyAny>) = run?
-                    .extract()
-                    .map_err(|_| invalid_type("runs must hold (num_replicas, steps) pairs"))?;
-                Ok(Run {
-                    num_replicas: args::int(&replicas, "num_replicas of a run", 1)? as usize,
-                    steps: args::int(&steps, "steps of a run", 0)? as usize,
+        guard("Planner.plan_after", || {
+            let epoch = args::int(epoch, "epoch", 0)? as u64;
+            let runs = runs
+                .try_iter()
+                .map_err(|_| {
+                    invalid_type("runs must be a sequence of (num_replicas, steps) pairs")
+                })?
+                .map(|run| {
+                    let (replicas, steps): (Bound<'_, PyAny>, Bound<'_, PyAny>) = run?
+                        .extract()
+                        .map_err(|_| invalid_type("runs must hold (num_replicas, steps) pairs"))?;
+                    Ok(Run {
+                        num_replicas: args::int(&replicas, "num_replicas of a run", 1)? as usize,
+                        steps: args::int(&steps, "steps of a run", 0)? as usize,
+                    })
                 })
-            })
-            .collect::<PyResult<Vec<Run>>>()?;
-        let plan =
-            detach_parallel(py, || self.planner.plan_after(epoch, &runs)).into_py_result()?;
-        Ok(PyEpochPlan { plan })
+                .collect::<PyResult<Vec<Run>>>()?;
+            let plan =
+                detach_parallel(py, || self.planner.plan_after(epoch, &runs)).into_py_result()?;
+            Ok(PyEpochPlan { plan })
+        })
     }
 
-    fn __repr__(&self) -> String {
-        let options = self.options();
-        format!(
-            "Planner(num_replicas={}, seed={}, shuffle={}, balance={})",
-            options.num_replicas,
-            options.seed,
-            if options.shuffle { "True" } else { "False" },
-            options
-                .balance
-                .map_or("None".to_string(), |kind| format!("'{}'", kind.name()))
-        )
+    fn __repr__(&self) -> PyResult<String> {
+        guard("Planner.__repr__", || {
+            Ok({
+                let options = self.options();
+                format!(
+                    "Planner(num_replicas={}, seed={}, shuffle={}, balance={})",
+                    options.num_replicas,
+                    options.seed,
+                    if options.shuffle { "True" } else { "False" },
+                    options
+                        .balance
+                        .map_or("None".to_string(), |kind| format!("'{}'", kind.name()))
+                )
+            })
+        })
     }
 }
 
@@ -280,69 +300,81 @@ impl PyEpochPlan {
     /// The ``(n_steps, num_replicas)`` table of bins.
     #[getter]
     fn steps<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        let plan = &slf.get().plan;
-        let table = ArrayView2::from_shape((plan.n_steps(), plan.num_replicas()), plan.steps())
-            .map_err(|error| pyo3::exceptions::PyRuntimeError::new_err(error.to_string()))?;
-        // SAFETY: the table belongs to the frozen plan and never changes.
-        Ok(unsafe { readonly_view(slf.as_any(), &table) })
+        guard("EpochPlan.steps", || {
+            let plan = &slf.get().plan;
+            let table = ArrayView2::from_shape((plan.n_steps(), plan.num_replicas()), plan.steps())
+                .map_err(|error| pyo3::exceptions::PyRuntimeError::new_err(error.to_string()))?;
+            // SAFETY: the table belongs to the frozen plan and never changes.
+            Ok(unsafe { readonly_view(slf.as_any(), &table) })
+        })
     }
 
     /// ``n_bins + 1`` offsets into the segment arrays.
     #[getter]
-    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, slf.get().plan.layout().bin_offsets())
+    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("EpochPlan.bin_offsets", || {
+            Ok(Self::view(slf, slf.get().plan.layout().bin_offsets()))
+        })
     }
 
     /// Input sequence of each segment.
     #[getter]
-    fn indices<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, slf.get().plan.layout().indices())
+    fn indices<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("EpochPlan.indices", || {
+            Ok(Self::view(slf, slf.get().plan.layout().indices()))
+        })
     }
 
     /// Token offset of each segment inside its sequence.
     #[getter]
-    fn starts<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, slf.get().plan.layout().starts())
+    fn starts<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("EpochPlan.starts", || {
+            Ok(Self::view(slf, slf.get().plan.layout().starts()))
+        })
     }
 
     /// Tokens of each segment.
     #[getter]
-    fn lengths<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
-        Self::view(slf, slf.get().plan.layout().lengths())
+    fn lengths<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
+        guard("EpochPlan.lengths", || {
+            Ok(Self::view(slf, slf.get().plan.layout().lengths()))
+        })
     }
 
     /// The epoch this plan is for.
     #[getter]
-    fn epoch(&self) -> u64 {
-        self.plan.epoch()
+    fn epoch(&self) -> PyResult<u64> {
+        guard("EpochPlan.epoch", || Ok(self.plan.epoch()))
     }
 
     /// Number of ranks.
     #[getter]
-    fn num_replicas(&self) -> usize {
-        self.plan.num_replicas()
+    fn num_replicas(&self) -> PyResult<usize> {
+        guard("EpochPlan.num_replicas", || Ok(self.plan.num_replicas()))
     }
 
     /// Micro-batches every rank runs this epoch.
     #[getter]
-    fn n_steps(&self) -> usize {
-        self.plan.n_steps()
+    fn n_steps(&self) -> PyResult<usize> {
+        guard("EpochPlan.n_steps", || Ok(self.plan.n_steps()))
     }
 
-    fn __len__(&self) -> usize {
-        self.plan.n_steps()
+    fn __len__(&self) -> PyResult<usize> {
+        guard("EpochPlan.__len__", || Ok(self.plan.n_steps()))
     }
 
     /// Bins of ``rank``, in step order (a read-only view of a column of :attr:`steps`).
     fn rank_bins<'py>(slf: &Bound<'py, Self>, rank: &Bound<'py, PyAny>) -> PyResult<Arr<'py>> {
-        let plan = &slf.get().plan;
-        let rank = plan
-            .check_rank(args::int(rank, "rank", i64::MIN)?)
-            .into_py_result()?;
-        let table = ArrayView2::from_shape((plan.n_steps(), plan.num_replicas()), plan.steps())
-            .map_err(|error| pyo3::exceptions::PyRuntimeError::new_err(error.to_string()))?;
-        // SAFETY: the column is part of the frozen plan's table, which never changes.
-        Ok(unsafe { readonly_view(slf.as_any(), &table.column(rank)) })
+        guard("EpochPlan.rank_bins", || {
+            let plan = &slf.get().plan;
+            let rank = plan
+                .check_rank(args::int(rank, "rank", i64::MIN)?)
+                .into_py_result()?;
+            let table = ArrayView2::from_shape((plan.n_steps(), plan.num_replicas()), plan.steps())
+                .map_err(|error| pyo3::exceptions::PyRuntimeError::new_err(error.to_string()))?;
+            // SAFETY: the column is part of the frozen plan's table, which never changes.
+            Ok(unsafe { readonly_view(slf.as_any(), &table.column(rank)) })
+        })
     }
 
     /// Iterate over the batches of ``rank`` from step ``start`` on.
@@ -360,16 +392,18 @@ impl PyEpochPlan {
         start: Arg<'_>,
         segments: Arg<'_>,
     ) -> PyResult<RankBatches> {
-        let plan = &slf.get().plan;
-        let rank = plan
-            .check_rank(args::int(rank, "rank", i64::MIN)?)
-            .into_py_result()?;
-        let start = start.int_or("start", 0, 0)? as usize;
-        Ok(RankBatches {
-            plan: slf.clone().unbind(),
-            rank,
-            next: start,
-            segments: segments.flag_or("segments", false)?,
+        guard("EpochPlan.batches", || {
+            let plan = &slf.get().plan;
+            let rank = plan
+                .check_rank(args::int(rank, "rank", i64::MIN)?)
+                .into_py_result()?;
+            let start = start.int_or("start", 0, 0)? as usize;
+            Ok(RankBatches {
+                plan: slf.clone().unbind(),
+                rank,
+                next: start,
+                segments: segments.flag_or("segments", false)?,
+            })
         })
     }
 
@@ -382,10 +416,12 @@ impl PyEpochPlan {
     /// kind, and the counts of sequences the original packing dropped, truncated or
     /// split; its ``lower_bound`` and ``input_tokens`` are those of the bins it holds.
     fn rest(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<PyPacking> {
-        let step = args::int(step, "step", 0)? as usize;
-        let bins = py.detach(|| self.plan.rest(step)).into_py_result()?;
-        Ok(PyPacking {
-            bins: Arc::new(bins),
+        guard("EpochPlan.rest", || {
+            let step = args::int(step, "step", 0)? as usize;
+            let bins = py.detach(|| self.plan.rest(step)).into_py_result()?;
+            Ok(PyPacking {
+                bins: Arc::new(bins),
+            })
         })
     }
 
@@ -399,18 +435,22 @@ impl PyEpochPlan {
         py: Python<'py>,
         kind: Arg<'py>,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let kind = match kind.given() {
-            None => CostKind::Tokens,
-            Some(value) => args::choice(value, "kind")?,
-        };
-        let costs = self.plan.step_costs(kind).into_py_result()?;
-        self.table(py, costs)
+        guard("EpochPlan.step_costs", || {
+            let kind = match kind.given() {
+                None => CostKind::Tokens,
+                Some(value) => args::choice(value, "kind")?,
+            };
+            let costs = self.plan.step_costs(kind).into_py_result()?;
+            self.table(py, costs)
+        })
     }
 
     /// Real (non-padding) tokens of every bin of the table, shape
     /// ``(n_steps, num_replicas)``.
     fn real_tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        self.table(py, self.plan.real_tokens())
+        guard("EpochPlan.real_tokens", || {
+            self.table(py, self.plan.real_tokens())
+        })
     }
 
     /// Counts and balance of this epoch.
@@ -421,16 +461,20 @@ impl PyEpochPlan {
     /// balanced ones, by that cost model (1.0 is perfect). ``tokens`` counts what the
     /// linear layers process (padding included), ``attention`` the sum of squared spans.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        stats_dict(py, &self.plan.stats())
+        guard("EpochPlan.stats", || stats_dict(py, &self.plan.stats()))
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "EpochPlan(epoch={}, num_replicas={}, n_steps={})",
-            self.plan.epoch(),
-            self.plan.num_replicas(),
-            self.plan.n_steps()
-        )
+    fn __repr__(&self) -> PyResult<String> {
+        guard("EpochPlan.__repr__", || {
+            Ok({
+                format!(
+                    "EpochPlan(epoch={}, num_replicas={}, n_steps={})",
+                    self.plan.epoch(),
+                    self.plan.num_replicas(),
+                    self.plan.n_steps()
+                )
+            })
+        })
     }
 }
 
@@ -474,46 +518,54 @@ pub struct RankBatches {
 
 #[pymethods]
 impl RankBatches {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
+    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRef<'_, Self>> {
+        guard("RankBatches.__iter__", || Ok(slf))
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-        let plan = &self.plan.get().plan;
-        if self.next >= plan.n_steps() {
-            return Ok(None);
-        }
-        let layout = plan.layout();
-        let range = layout.segment_range(plan.bin_at(self.next, self.rank));
-        self.next += 1;
-        let indices = &layout.indices()[range.clone()];
-        if !self.segments {
-            return PyList::new(py, indices).map(Some);
-        }
-        let (starts, lengths) = (&layout.starts()[range.clone()], &layout.lengths()[range]);
-        let triples = (0..indices.len()).map(|j| (indices[j], starts[j], lengths[j]));
-        PyList::new(py, triples).map(Some)
+        guard("RankBatches.__next__", || {
+            let plan = &self.plan.get().plan;
+            if self.next >= plan.n_steps() {
+                return Ok(None);
+            }
+            let layout = plan.layout();
+            let range = layout.segment_range(plan.bin_at(self.next, self.rank));
+            self.next += 1;
+            let indices = &layout.indices()[range.clone()];
+            if !self.segments {
+                return PyList::new(py, indices).map(Some);
+            }
+            let (starts, lengths) = (&layout.starts()[range.clone()], &layout.lengths()[range]);
+            let triples = (0..indices.len()).map(|j| (indices[j], starts[j], lengths[j]));
+            PyList::new(py, triples).map(Some)
+        })
     }
 
     /// Batches left.
-    fn __length_hint__(&self) -> usize {
-        self.plan.get().plan.n_steps().saturating_sub(self.next)
+    fn __length_hint__(&self) -> PyResult<usize> {
+        guard("RankBatches.__length_hint__", || {
+            Ok(self.plan.get().plan.n_steps().saturating_sub(self.next))
+        })
     }
 }
 
 /// Mix integers (each in ``[0, 2**64)``) into one 64-bit seed, as every random choice of
 /// tokenbatch does.
 #[pyfunction]
-fn mix_seed(parts: Vec<u64>) -> u64 {
-    rng::mix_seed(&parts)
+fn mix_seed(parts: Vec<u64>) -> PyResult<u64> {
+    guard("mix_seed", || Ok(rng::mix_seed(&parts)))
 }
 
 /// A seeded random permutation of ``range(n)`` (Fisher-Yates with SplitMix64).
 #[pyfunction]
-fn permutation(py: Python<'_>, seed: u64, n: usize) -> Bound<'_, PyArray1<i64>> {
-    let mut items: Vec<i64> = (0..n as i64).collect();
-    rng::SplitMix64::new(seed).shuffle(&mut items);
-    items.into_pyarray(py)
+fn permutation(py: Python<'_>, seed: u64, n: usize) -> PyResult<Bound<'_, PyArray1<i64>>> {
+    guard("permutation", || {
+        Ok({
+            let mut items: Vec<i64> = (0..n as i64).collect();
+            rng::SplitMix64::new(seed).shuffle(&mut items);
+            items.into_pyarray(py)
+        })
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use tokenbatch_core::schedule::{self, BatchUnit, Curve, RampBy};
 
 use crate::arrays::as_slice;
-use crate::error::IntoPyResult;
+use crate::error::{guard, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
@@ -28,10 +28,12 @@ impl PySchedule {
         global_batch: i64,
         seq_len: Option<i64>,
     ) -> PyResult<Self> {
-        let inner =
-            schedule::Schedule::megatron(start, increment, ramp_samples, global_batch, seq_len)
-                .into_py_result()?;
-        Ok(Self { inner })
+        guard("Schedule.megatron", || {
+            let inner =
+                schedule::Schedule::megatron(start, increment, ramp_samples, global_batch, seq_len)
+                    .into_py_result()?;
+            Ok(Self { inner })
+        })
     }
 
     /// A linear ramp over the first `ramp_tokens` tokens.
@@ -46,12 +48,14 @@ impl PySchedule {
         by: &str,
         multiple_of: i64,
     ) -> PyResult<Self> {
-        let unit: BatchUnit = unit.parse().into_py_result()?;
-        let by: RampBy = by.parse().into_py_result()?;
-        let inner =
-            schedule::Schedule::linear(start, end, ramp_tokens, unit, seq_len, by, multiple_of)
-                .into_py_result()?;
-        Ok(Self { inner })
+        guard("Schedule.linear", || {
+            let unit: BatchUnit = unit.parse().into_py_result()?;
+            let by: RampBy = by.parse().into_py_result()?;
+            let inner =
+                schedule::Schedule::linear(start, end, ramp_tokens, unit, seq_len, by, multiple_of)
+                    .into_py_result()?;
+            Ok(Self { inner })
+        })
     }
 
     /// Constant batches switching at token boundaries.
@@ -64,16 +68,18 @@ impl PySchedule {
         seq_len: Option<i64>,
         allow_decrease: bool,
     ) -> PyResult<Self> {
-        let unit: BatchUnit = unit.parse().into_py_result()?;
-        let inner = schedule::Schedule::piecewise(
-            as_slice(&from_tokens)?,
-            as_slice(&batches)?,
-            unit,
-            seq_len,
-            allow_decrease,
-        )
-        .into_py_result()?;
-        Ok(Self { inner })
+        guard("Schedule.piecewise", || {
+            let unit: BatchUnit = unit.parse().into_py_result()?;
+            let inner = schedule::Schedule::piecewise(
+                as_slice(&from_tokens)?,
+                as_slice(&batches)?,
+                unit,
+                seq_len,
+                allow_decrease,
+            )
+            .into_py_result()?;
+            Ok(Self { inner })
+        })
     }
 
     /// Megatron-LM's `--step-batch-size-schedule`, thresholds in consumed samples.
@@ -84,13 +90,15 @@ impl PySchedule {
         batches: PyReadonlyArray1<'_, i64>,
         seq_len: Option<i64>,
     ) -> PyResult<Self> {
-        let inner = schedule::Schedule::megatron_steps(
-            as_slice(&from_samples)?,
-            as_slice(&batches)?,
-            seq_len,
-        )
-        .into_py_result()?;
-        Ok(Self { inner })
+        guard("Schedule.megatron_steps", || {
+            let inner = schedule::Schedule::megatron_steps(
+                as_slice(&from_samples)?,
+                as_slice(&batches)?,
+                seq_len,
+            )
+            .into_py_result()?;
+            Ok(Self { inner })
+        })
     }
 
     /// Batch (in the schedule's unit) at each consumed amount.
@@ -99,10 +107,12 @@ impl PySchedule {
         py: Python<'py>,
         consumed: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Arr<'py>> {
-        let consumed = as_slice(&consumed)?;
-        // Parallel over large arrays: run in tokenbatch's fork-safe pool.
-        let batches = detach_parallel(py, || self.inner.batch_at(consumed)).into_py_result()?;
-        Ok(batches.into_pyarray(py))
+        guard("Schedule.batch_at", || {
+            let consumed = as_slice(&consumed)?;
+            // Parallel over large arrays: run in tokenbatch's fork-safe pool.
+            let batches = detach_parallel(py, || self.inner.batch_at(consumed)).into_py_result()?;
+            Ok(batches.into_pyarray(py))
+        })
     }
 
     /// Per-step table: (batch_sequences, batch_tokens, grad_accum_steps, consumed_tokens).
@@ -113,15 +123,17 @@ impl PySchedule {
         micro_batch_tokens: i64,
         dp: i64,
     ) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>, Arr<'py>)> {
-        let table = py
-            .detach(|| self.inner.table(total_tokens, micro_batch_tokens, dp))
-            .into_py_result()?;
-        Ok((
-            table.batch_sequences.into_pyarray(py),
-            table.batch_tokens.into_pyarray(py),
-            table.grad_accum_steps.into_pyarray(py),
-            table.consumed_tokens.into_pyarray(py),
-        ))
+        guard("Schedule.table", || {
+            let table = py
+                .detach(|| self.inner.table(total_tokens, micro_batch_tokens, dp))
+                .into_py_result()?;
+            Ok((
+                table.batch_sequences.into_pyarray(py),
+                table.batch_tokens.into_pyarray(py),
+                table.grad_accum_steps.into_pyarray(py),
+                table.consumed_tokens.into_pyarray(py),
+            ))
+        })
     }
 
     /// Step offsets (in rounds of `dp` micro-batches) that follow the schedule.
@@ -132,19 +144,23 @@ impl PySchedule {
         dp: i64,
         consumed_tokens: u64,
     ) -> PyResult<Arr<'py>> {
-        let tokens = as_slice(&micro_batch_tokens)?;
-        let offsets = py
-            .detach(|| schedule::group_into_steps(tokens, &self.inner, dp, consumed_tokens))
-            .into_py_result()?;
-        Ok(offsets.into_pyarray(py))
+        guard("Schedule.group_into_steps", || {
+            let tokens = as_slice(&micro_batch_tokens)?;
+            let offsets = py
+                .detach(|| schedule::group_into_steps(tokens, &self.inner, dp, consumed_tokens))
+                .into_py_result()?;
+            Ok(offsets.into_pyarray(py))
+        })
     }
 
     /// Megatron-LM's `train_iters` for `train_samples`; `None` for other curves.
     fn megatron_train_iters(&self, train_samples: i64) -> PyResult<Option<u64>> {
-        let Curve::Megatron(ramp) = self.inner.curve() else {
-            return Ok(None);
-        };
-        ramp.train_iters(train_samples).into_py_result().map(Some)
+        guard("Schedule.megatron_train_iters", || {
+            let Curve::Megatron(ramp) = self.inner.curve() else {
+                return Ok(None);
+            };
+            ramp.train_iters(train_samples).into_py_result().map(Some)
+        })
     }
 }
 

@@ -233,7 +233,8 @@ impl<'a> Activations<'a> {
         let input = e * h / c.rep;
         let k = s.top_k as f64;
         let experts = s.num_experts as f64;
-        let shared = self.mlp_inner((s.num_shared_experts * s.moe_ffn_size) as f64);
+        // In f64, as the parameter counts are: the u64 product can overflow.
+        let shared = self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64);
         let (router, indices, router_weight) = if !self.hf {
             (4.0 * experts + 12.0 * k, 8.0, 0.0)
         } else if s.router_bias {

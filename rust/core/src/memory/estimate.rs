@@ -877,7 +877,9 @@ impl<'a> Config<'a> {
             } else {
                 tokens * terms.head_per_token
             },
-            comm: if korthikanti {
+            // No buffer is no bytes, even for a token count that overflowed to infinity
+            // (infinity x 0 would make the whole estimate NaN).
+            comm: if terms.comm_per_token == 0.0 {
                 0.0
             } else {
                 tokens * terms.comm_per_token

@@ -151,6 +151,10 @@ pub fn estimate_grid(
         values: zeroed_vec!(f64, values),
         reasons: zeroed_vec!(u8, cells),
     };
+    if cells == 0 {
+        // Nothing to read: the inputs' buffers may be empty (checked only for cells > 0).
+        return Ok(table);
+    }
     let prepared = Prepared::new(spec);
     let is_list = shape.len() == 1 && inputs.iter().all(|input| input.strides[0] <= 1);
     if is_list {

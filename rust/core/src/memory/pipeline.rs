@@ -67,8 +67,6 @@ const VPP: u32 = 1;
 const FIRST: u32 = 2;
 const MIDDLE: u32 = 3;
 const LAST: u32 = 4;
-/// Layers that `SIZE_MASK` stages of `SIZE_MASK` chunks of `SIZE_MASK` layers hold.
-const MAX_LAYERS: u64 = SIZE_MASK * SIZE_MASK * SIZE_MASK;
 const EMBEDDING_UNIT: u64 = 1 << (5 * SIZE_BITS);
 const LOSS_UNIT: u64 = 1 << (5 * SIZE_BITS + 1);
 
@@ -88,10 +86,16 @@ impl StageLayers {
         first: u64,
         last: u64,
     ) -> Option<Self> {
-        // Past these bounds no split packs (every size is at most 4,095), and refusing them
-        // first keeps the products below from overflowing (`pp * vpp` wrapping to 0 was a
-        // division by zero).
-        if pp == 0 || vpp == 0 || pp > SIZE_MASK || vpp > SIZE_MASK || num_layers > MAX_LAYERS {
+        if pp == 0 || vpp == 0 {
+            return None;
+        }
+        // Every size a split holds fits in 12 bits (see `build`), so no split exists for
+        // larger arguments; refusing them here keeps the arithmetic below from overflowing.
+        const MAX_LAYERS: u64 = (SIZE_MASK + 1) * (SIZE_MASK + 1) * (SIZE_MASK + 1);
+        if pp > SIZE_MASK
+            || vpp > SIZE_MASK
+            || [num_layers, first, last].iter().any(|&n| n > MAX_LAYERS)
+        {
             return None;
         }
         if first > 0 || last > 0 {
@@ -220,7 +224,7 @@ impl StageLayers {
         }
         let explicit = u64::from(first > 0) + u64::from(last > 0);
         let middle_stages = pp.checked_sub(explicit)?;
-        let middle_layers = num_layers.checked_sub(first.saturating_add(last))?;
+        let middle_layers = num_layers.checked_sub(first + last)?;
         let middle_chunk = if middle_stages == 0 {
             if middle_layers != 0 {
                 return None;

@@ -215,9 +215,7 @@ impl ModelSpec {
                 )));
             }
         }
-        if self.is_mla()
-            && (self.qk_rope_head_dim + self.qk_nope_head_dim == 0 || self.v_head_dim == 0)
-        {
+        if self.is_mla() && (self.qk_head_dim() == 0 || self.v_head_dim == 0) {
             return Err(Error::invalid(
                 "MLA attention needs qk_nope_head_dim + qk_rope_head_dim > 0 and v_head_dim > 0",
             ));
@@ -250,7 +248,8 @@ impl ModelSpec {
     /// Per-head size of queries and keys.
     pub fn qk_head_dim(&self) -> u64 {
         if self.is_mla() {
-            self.qk_nope_head_dim + self.qk_rope_head_dim
+            // Saturating: an absurd size must reach the parameter-count check, not wrap.
+            self.qk_nope_head_dim.saturating_add(self.qk_rope_head_dim)
         } else {
             self.head_dim
         }

@@ -781,6 +781,30 @@ fn each_field_check_names_its_field() {
 }
 
 #[test]
+fn absurd_mla_head_sizes_are_an_error_not_an_overflow() {
+    // qk_nope_head_dim + qk_rope_head_dim used to overflow u64 (a panic with overflow
+    // checks, a wrapped size that passed validation without). Found by the `memory_grid`
+    // fuzz target.
+    let mut spec = deepseek_v3();
+    spec.qk_nope_head_dim = u64::MAX;
+    spec.qk_rope_head_dim = 560;
+    assert!(spec.validate().is_err());
+    assert!(estimate_one(&spec, &Layout::default()).is_err());
+}
+
+#[test]
+fn unused_shared_expert_width_does_not_overflow() {
+    // Every layer dense, so the (absurd) shared-expert width adds no parameter and the
+    // spec is valid; its activations used to multiply it in u64 and overflow. Found by
+    // the `memory_grid` fuzz target.
+    let mut spec = mixtral();
+    spec.first_dense_layers = spec.num_layers;
+    spec.num_shared_experts = u64::MAX / 2;
+    let breakdown = one(&spec, &Layout::default());
+    assert!(breakdown.total.is_finite() && breakdown.total > 0.0);
+}
+
+#[test]
 fn pipeline_splits_of_published_layouts() {
     // Llama 3.1 405B on 16 stages: one layer fewer on the first and the last stage
     // (Dubey et al. 2024), which is Megatron's embedding-and-loss accounting.
@@ -811,24 +835,9 @@ fn pipeline_splits_of_published_layouts() {
 }
 
 #[test]
-fn huge_pipeline_degrees_do_not_split_and_do_not_overflow() {
-    // `pp * vpp` wrapped to 0 (a division by zero) for these; every rule refuses them.
+fn huge_pipeline_degrees_are_an_invalid_cell() {
+    // `pp * vpp` wrapped to 0 for these (a division by zero); such a cell is invalid.
     let huge = 1u64 << 33;
-    for split in [
-        PipelineSplit::Even,
-        PipelineSplit::Auto,
-        PipelineSplit::Embedding,
-        PipelineSplit::Loss,
-        PipelineSplit::EmbeddingAndLoss,
-    ] {
-        for (pp, vpp) in [(huge, huge), (huge, 1), (2, huge), (4096, 1), (1, 4096)] {
-            assert!(StageLayers::new(80, pp, vpp, split, 0, 0).is_none());
-        }
-        assert!(StageLayers::new(u64::MAX, 2, 1, split, 0, 0).is_none());
-    }
-    assert!(StageLayers::new(80, huge, huge, PipelineSplit::Even, u64::MAX, 1).is_none());
-    assert!(StageLayers::new(80, 4, 1, PipelineSplit::Even, u64::MAX, 1).is_none());
-    // In a grid, a cell with such degrees is invalid, not a panic.
     let mut layout = Layout {
         pp: huge as f64,
         vpp: huge as f64,
@@ -1395,4 +1404,59 @@ fn the_terms_key_holds_exactly_its_listed_fields() {
             assert_eq!(moved, listed, "{} (eager: {eager})", LAYOUT_FIELDS[field]);
         }
     }
+}
+
+#[test]
+fn an_overflowing_token_count_is_infinite_bytes_not_nan() {
+    // seq_len x micro_batch beyond f64 made the activations infinite and, times a zero
+    // communication buffer, the total NaN in a cell reported valid. Found by the
+    // `memory_grid` fuzz target.
+    let layout = Layout {
+        seq_len: 1.3e241,
+        micro_batch: 5.9e170,
+        ..Layout::default()
+    };
+    let breakdown = one(&llama_8b(), &layout);
+    assert!(
+        breakdown.to_values().iter().all(|v| !v.is_nan()),
+        "{breakdown:?}"
+    );
+    assert_eq!(breakdown.total, f64::INFINITY);
+}
+
+#[test]
+fn an_empty_grid_reads_no_input() {
+    // A grid of zero cells whose inputs are empty read value 0 of an empty buffer (an
+    // out-of-bounds panic). Found by the `memory_grid` fuzz target.
+    let empty: [f64; 0] = [];
+    let strides = [0usize];
+    let inputs = vec![
+        GridInput {
+            data: Values::F64(&empty),
+            strides: &strides,
+        };
+        N_LAYOUT_FIELDS
+    ];
+    let table = estimate_grid(&llama_8b(), &[0], &inputs).unwrap();
+    assert_eq!(table.cells(), 0);
+}
+
+#[test]
+fn pipeline_splits_of_absurd_sizes_are_none_not_an_overflow() {
+    // pp x vpp (and the layer sums after it) overflowed u64 for sizes no split can hold.
+    // Found by the `memory_grid` fuzz target.
+    for (layers, pp, vpp, first, last) in [
+        (32, u64::MAX / 2, 3, 0, 0),
+        (u64::MAX, 4, 1, 0, 0),
+        (32, 4, 1, u64::MAX, u64::MAX),
+    ] {
+        for split in [
+            PipelineSplit::Even,
+            PipelineSplit::Auto,
+            PipelineSplit::EmbeddingAndLoss,
+        ] {
+            assert!(StageLayers::new(layers, pp, vpp, split, first, last).is_none());
+        }
+    }
+    assert!(StageLayers::new(32, 4, 1, PipelineSplit::Even, 0, 0).is_some());
 }

@@ -1,14 +1,47 @@
 //! Assigning segments to bins. Each function walks the segment costs in offer order once
-//! and returns, for each offer position, the bin it went to, plus the number of bins.
+//! and returns, for each offer position, the bin it went to, plus the size and cost of
+//! every bin (which the assignment knows anyway, so that the layout need not count them).
 
 use super::capacity_index::{BestFitIndex, FirstFitIndex, OpenBin};
 use super::options::{Algorithm, PackOptions};
 use crate::buffers::with_capacity_huge;
 
-/// Bin of each offer position, and the number of bins.
+/// Bin of each offer position, and what each bin holds.
 pub struct Assignment {
     pub bin_of: Vec<u32>,
-    pub n_bins: usize,
+    pub bins: BinTotals,
+}
+
+/// Segments and budget cost of every bin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinTotals {
+    /// Segments in each bin.
+    pub sizes: Vec<u32>,
+    /// Sum of the costs of each bin's segments.
+    pub costs: Vec<u64>,
+}
+
+impl BinTotals {
+    /// Totals for `n_bins` bins, all empty until [`set`](Self::set).
+    fn new(n_bins: usize) -> Self {
+        Self {
+            sizes: vec![0; n_bins],
+            costs: vec![0; n_bins],
+        }
+    }
+
+    /// Bins whose remaining capacity out of `capacity` is `remaining`, after `size`
+    /// segments.
+    #[inline]
+    fn set(&mut self, bin: u32, size: u32, remaining: u64, capacity: u64) {
+        self.sizes[bin as usize] = size;
+        self.costs[bin as usize] = capacity - remaining;
+    }
+
+    /// Number of bins.
+    pub fn len(&self) -> usize {
+        self.sizes.len()
+    }
 }
 
 /// Assign with the packing algorithm of `options`.
@@ -36,18 +69,40 @@ pub fn best_fit(
     let capacity = options.max_tokens;
     let mut n_bins = 0u32;
     let mut bin_of = with_capacity_huge(n);
+    let mut closed = Vec::new();
     for cost in costs {
         let (remaining, open) = index.take_best_or_open(cost, capacity, &mut n_bins);
         let count = open.count + 1;
         if u64::from(count) < options.max_seqs {
             index.insert(remaining - cost, OpenBin { count, ..open });
+        } else {
+            closed.push((remaining - cost, OpenBin { count, ..open }));
         }
         bin_of.push(open.bin);
     }
     Assignment {
         bin_of,
-        n_bins: n_bins as usize,
+        bins: best_fit_totals(index, closed, n_bins, capacity),
     }
+}
+
+/// The totals of the bins still in `index` and of the `closed` ones, each with its
+/// remaining capacity.
+fn best_fit_totals(
+    index: BestFitIndex,
+    closed: Vec<(u64, OpenBin)>,
+    n_bins: u32,
+    capacity: u64,
+) -> BinTotals {
+    let mut totals = BinTotals::new(n_bins as usize);
+    let mut set = |remaining: u64, open: OpenBin| {
+        totals.set(open.bin, open.count, remaining, capacity);
+    };
+    for (remaining, open) in closed {
+        set(remaining, open);
+    }
+    index.drain(set);
+    totals
 }
 
 /// Best fit over segments sorted by decreasing cost, given as `(cost, count)` runs.
@@ -69,6 +124,7 @@ pub fn best_fit_runs(
     let max_seqs = options.max_seqs;
     let mut n_bins = 0u32;
     let mut bin_of: Vec<u32> = with_capacity_huge(n);
+    let mut closed = Vec::new();
     for &(cost, count) in runs {
         let mut left = u64::from(count);
         while left > 0 {
@@ -80,8 +136,11 @@ pub fn best_fit_runs(
                 bin_of.extend(std::iter::repeat_n(open.bin, take as usize));
                 left -= take;
                 let count = open.count + take as u32;
+                let left_over = remaining - take * cost;
                 if u64::from(count) < max_seqs {
-                    index.insert(remaining - take * cost, OpenBin { count, ..open });
+                    index.insert(left_over, OpenBin { count, ..open });
+                } else {
+                    closed.push((left_over, OpenBin { count, ..open }));
                 }
                 continue;
             }
@@ -89,8 +148,15 @@ pub fn best_fit_runs(
             let to = remaining - cost;
             let mut place = |open: OpenBin| {
                 bin_of.push(open.bin);
-                let count = open.count + 1;
-                (u64::from(count) < max_seqs).then_some(OpenBin { count, ..open })
+                let grown = OpenBin {
+                    count: open.count + 1,
+                    ..open
+                };
+                if u64::from(grown.count) < max_seqs {
+                    return Some(grown);
+                }
+                closed.push((to, grown));
+                None
             };
             if let Some(kept) = place(open) {
                 index.insert(to, kept);
@@ -101,7 +167,7 @@ pub fn best_fit_runs(
     }
     Assignment {
         bin_of,
-        n_bins: n_bins as usize,
+        bins: best_fit_totals(index, closed, n_bins, capacity),
     }
 }
 
@@ -116,7 +182,7 @@ pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptio
     }
     Assignment {
         bin_of,
-        n_bins: index.n_bins(),
+        bins: index.totals(options.max_tokens),
     }
 }
 
@@ -141,27 +207,31 @@ pub fn first_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> A
     }
     Assignment {
         bin_of,
-        n_bins: index.n_bins(),
+        bins: index.totals(options.max_tokens),
     }
 }
 
 /// Next fit: one open bin, closed as soon as a segment does not fit.
 pub fn next_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptions) -> Assignment {
     let mut bin_of = with_capacity_huge(n);
-    let mut n_bins = 0usize;
+    let mut bins = BinTotals::new(0);
     let mut remaining = 0u64;
     let mut count = u64::MAX;
     for cost in costs {
-        if n_bins == 0 || cost > remaining || count >= options.max_seqs {
-            n_bins += 1;
+        if bins.len() == 0 || cost > remaining || count >= options.max_seqs {
+            bins.sizes.push(0);
+            bins.costs.push(0);
             remaining = options.max_tokens;
             count = 0;
         }
         remaining -= cost;
         count += 1;
-        bin_of.push((n_bins - 1) as u32);
+        let last = bins.len() - 1;
+        bins.sizes[last] += 1;
+        bins.costs[last] += cost;
+        bin_of.push(last as u32);
     }
-    Assignment { bin_of, n_bins }
+    Assignment { bin_of, bins }
 }
 
 /// Padded batching (fairseq's `batch_by_size`): consecutive segments (sorted by
@@ -173,6 +243,7 @@ pub fn padded(
     options: &PackOptions,
 ) -> (Assignment, Vec<u64>) {
     let mut bin_of = with_capacity_huge(n);
+    let mut bins = BinTotals::new(0);
     let mut batch_cost: Vec<u64> = Vec::new();
     let mut longest = 0u64;
     let mut count = 0u64;
@@ -186,14 +257,16 @@ pub fn padded(
             count += 1;
         } else {
             batch_cost.push(0);
+            bins.sizes.push(0);
+            bins.costs.push(0);
             longest = cost;
             count = 1;
         }
-        if let Some(last) = batch_cost.last_mut() {
-            *last = count * longest;
-        }
-        bin_of.push((batch_cost.len() - 1) as u32);
+        let last = batch_cost.len() - 1;
+        batch_cost[last] = count * longest;
+        bins.sizes[last] += 1;
+        bins.costs[last] += cost;
+        bin_of.push(last as u32);
     }
-    let n_bins = batch_cost.len();
-    (Assignment { bin_of, n_bins }, batch_cost)
+    (Assignment { bin_of, bins }, batch_cost)
 }

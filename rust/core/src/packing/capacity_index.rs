@@ -14,6 +14,8 @@
 
 use std::collections::BTreeMap;
 
+use super::assign::BinTotals;
+
 /// Budgets above this always use the ordered map (the dense index would need 400 MB).
 const BUCKET_INDEX_MAX_CAPACITY: u64 = 1 << 24;
 
@@ -237,6 +239,26 @@ impl BestFitIndex {
         })
     }
 
+    /// Hand every bin left in the index to `visit`, with its remaining capacity.
+    pub fn drain(self, mut visit: impl FnMut(u64, OpenBin)) {
+        match self {
+            Self::Buckets { stacks, .. } => {
+                for (remaining, stack) in stacks.into_iter().enumerate() {
+                    for open in stack {
+                        visit(remaining as u64, open);
+                    }
+                }
+            }
+            Self::Ordered(map) => {
+                for (remaining, stack) in map {
+                    for open in stack {
+                        visit(remaining, open);
+                    }
+                }
+            }
+        }
+    }
+
     /// Remove and return the bin with the least remaining capacity that is at least `need`.
     #[inline]
     pub fn take_best(&mut self, need: u64) -> Option<(u64, OpenBin)> {
@@ -276,6 +298,9 @@ pub struct FirstFitIndex {
     n_bins: usize,
     /// Segments in each bin.
     counts: Vec<u64>,
+    /// Remaining capacity of each bin (kept apart from the tree, which forgets it when
+    /// the bin closes).
+    remaining: Vec<u64>,
 }
 
 impl FirstFitIndex {
@@ -287,6 +312,7 @@ impl FirstFitIndex {
             tree: vec![0; 2 * leaves],
             n_bins: 0,
             counts: Vec::new(),
+            remaining: Vec::new(),
         }
     }
 
@@ -320,18 +346,14 @@ impl FirstFitIndex {
         let bin = self.n_bins;
         self.n_bins += 1;
         self.counts.push(0);
+        self.remaining.push(remaining);
         self.set(bin, remaining + 1);
         bin as u32
     }
 
     /// Update a bin's remaining capacity, or close it (`None`).
-    pub fn update(&mut self, bin: u32, remaining: Option<u64>) {
+    fn update(&mut self, bin: u32, remaining: Option<u64>) {
         self.set(bin as usize, remaining.map_or(0, |r| r + 1));
-    }
-
-    /// Number of bins opened so far.
-    pub fn n_bins(&self) -> usize {
-        self.n_bins
     }
 
     /// Segments in `bin`.
@@ -352,7 +374,16 @@ impl FirstFitIndex {
         let count = &mut self.counts[bin as usize];
         *count += take;
         let still_open = *count < max_seqs;
+        self.remaining[bin as usize] = remaining;
         self.update(bin, still_open.then_some(remaining));
+    }
+
+    /// Segments and cost of every bin opened, bins of `capacity`.
+    pub fn totals(&self, capacity: u64) -> BinTotals {
+        BinTotals {
+            sizes: self.counts.iter().map(|&count| count as u32).collect(),
+            costs: self.remaining.iter().map(|&left| capacity - left).collect(),
+        }
     }
 
     /// The lowest-numbered open bin with at least `need` remaining, and its remaining capacity.

@@ -32,7 +32,7 @@ pub struct Packing {
     /// Input sequence of each segment.
     pub indices: Vec<i64>,
     /// Token offset of each segment inside its sequence (0 unless split).
-    pub starts: Vec<i64>,
+    pub starts: Starts,
     /// Tokens of each segment.
     pub lengths: Vec<i64>,
     /// Budget cost of each bin: tokens rounded up to the multiple, or `count x longest`
@@ -42,6 +42,55 @@ pub struct Packing {
     pub counts: PolicyCounts,
     /// Sum over segments of their individual costs (for the lower bound).
     pub segment_cost: u64,
+}
+
+/// The token offsets of the segments of a packing: their own array when some sequence was
+/// split, else shared read-only zeros (no memory to clear or hold per packing). Reads as
+/// a slice either way.
+#[derive(Clone)]
+pub enum Starts {
+    /// Offsets written by the packing.
+    Owned(Vec<i64>),
+    /// All zero.
+    Zeros(&'static [i64]),
+}
+
+impl Starts {
+    /// `n` zero offsets.
+    pub fn zeros(n: usize) -> Self {
+        crate::buffers::shared_zeros(n).map_or_else(|| Self::Owned(vec![0; n]), Self::Zeros)
+    }
+}
+
+impl From<Vec<i64>> for Starts {
+    fn from(starts: Vec<i64>) -> Self {
+        Self::Owned(starts)
+    }
+}
+
+impl std::ops::Deref for Starts {
+    type Target = [i64];
+
+    fn deref(&self) -> &[i64] {
+        match self {
+            Self::Owned(starts) => starts,
+            Self::Zeros(zeros) => zeros,
+        }
+    }
+}
+
+impl PartialEq for Starts {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Starts {}
+
+impl std::fmt::Debug for Starts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
 }
 
 impl Packing {
@@ -69,8 +118,8 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
         Algorithm::NextFit => OfferOrder::Input,
         Algorithm::FirstFitShuffled => OfferOrder::shuffled(&segments, options.seed),
     };
-    let assignment = order.assign(&segments, options);
-    Ok(finish(segments, &order, assignment, options, None))
+    let (assignment, outputs) = with_outputs(&segments, || order.assign(&segments, options));
+    Ok(finish(segments, &order, assignment, options, None, outputs))
 }
 
 /// Padded token-budget batching: a batch of `n` segments costs `n x` its longest cost.
@@ -78,15 +127,36 @@ pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> 
 pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
     let order = OfferOrder::decreasing_cost(&segments, options);
-    let (assignment, batch_cost) = order.assign_padded(&segments, options);
+    let ((assignment, batch_cost), outputs) =
+        with_outputs(&segments, || order.assign_padded(&segments, options));
     Ok(finish(
         segments,
         &order,
         assignment,
         options,
         Some(batch_cost),
+        outputs,
     ))
 }
+
+/// Run `assign` (one core's work) and meanwhile, on another core of the pool, make the
+/// layout's zeroed outputs, page faults included. With one thread, or outputs too small
+/// for their page faults to matter, the outputs are made after and mapped as the layout
+/// writes them.
+fn with_outputs<A: Send>(
+    segments: &Segments,
+    assign: impl FnOnce() -> A + Send,
+) -> (A, layout::OutputBuffers) {
+    if segments.len() < OUTPUTS_ALONGSIDE_MIN || rayon::current_num_threads() < 2 {
+        let assignment = assign();
+        return (assignment, layout::OutputBuffers::new(segments, false));
+    }
+    rayon::join(assign, || layout::OutputBuffers::new(segments, true))
+}
+
+/// Fewest segments whose outputs (16 bytes each, 1 MiB here) are made alongside the
+/// assignment: below, waking another thread costs about what the page faults do.
+const OUTPUTS_ALONGSIDE_MIN: usize = 1 << 16;
 
 /// Lay out an assignment (a bin per offer position) as CSR arrays.
 fn finish(
@@ -95,14 +165,16 @@ fn finish(
     assignment: Assignment,
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
+    outputs: layout::OutputBuffers,
 ) -> Packing {
-    let bin_of_segment = order.bins_by_segment(&segments, options, assignment.bin_of);
+    let bins = order.segment_bins(&segments, options, assignment.bin_of);
     layout::build(
-        segments,
-        bin_of_segment,
-        assignment.n_bins,
+        &segments,
+        bins,
+        assignment.bins,
         options,
         padded_cost,
+        outputs,
     )
 }
 

@@ -3,8 +3,10 @@
 //! Performance note: with millions of segments, every random memory access per segment
 //! costs more than the bin search itself. So a decreasing-cost order is never
 //! materialized as a permutation: the assignment walks the cost histogram as runs, and the
-//! layout recovers each segment's offer position from the histogram's running offsets in
-//! one sequential pass over the segments.
+//! layout recovers each segment's offer position from the histogram's running offsets
+//! while it reads the segments in id order (see [`SegmentBins`]).
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -27,7 +29,8 @@ pub enum OfferOrder {
     /// Decreasing cost, ties by increasing id. `runs` lists `(cost, count)` in offer
     /// order. The segments are cut into chunks of `chunk_len` ids; `chunk_starts[c][key]`
     /// is the offer position of the first segment of chunk `c` with sort key `key`
-    /// (cost / k): the segments of one key occupy consecutive positions in id order.
+    /// (cost / k): the segments of one key occupy consecutive positions in id order. One
+    /// entry more than chunks: the last holds where each key's positions end.
     ByCost {
         runs: Vec<(u64, u32)>,
         chunk_len: usize,
@@ -100,8 +103,10 @@ impl OfferOrder {
         let k = options.pad_to_multiple_of;
         let keys = (options.capacity() / k) as usize + 1;
         let n = segments.len();
-        // One chunk per thread, if the histograms stay small; else one chunk.
-        let chunk_len = n.div_ceil(rayon::current_num_threads()).max(1 << 16);
+        // Four chunks per thread (the layout reads its chunks in parallel too, and on a
+        // busy machine a thread that falls behind leaves its other chunks to the rest), if
+        // the histograms stay small; else one chunk.
+        let chunk_len = n.div_ceil(4 * rayon::current_num_threads()).max(1 << 16);
         let chunk_len = if n.div_ceil(chunk_len) * keys <= 1 << 22 {
             chunk_len
         } else {
@@ -129,16 +134,14 @@ impl OfferOrder {
                 offset += count;
             }
         }
-        let mut chunk_starts = Vec::with_capacity(histograms.len().max(1));
+        let mut chunk_starts = Vec::with_capacity(histograms.len() + 1);
         for counts in &histograms {
             chunk_starts.push(next.clone());
             for (position, count) in next.iter_mut().zip(counts) {
                 *position += count;
             }
         }
-        if chunk_starts.is_empty() {
-            chunk_starts.push(next);
-        }
+        chunk_starts.push(next);
         Self::ByCost {
             runs,
             chunk_len,
@@ -221,51 +224,196 @@ impl OfferOrder {
         })
     }
 
-    /// Re-index `bin_of` (a bin per offer position) by segment id.
-    pub fn bins_by_segment(
-        &self,
-        segments: &Segments,
+    /// The bin of every segment by id, from `bin_of` (a bin per offer position).
+    pub fn segment_bins<'a>(
+        &'a self,
+        segments: &'a Segments,
         options: &PackOptions,
         bin_of: Vec<u32>,
-    ) -> Vec<u32> {
+    ) -> SegmentBins<'a> {
         match self {
-            Self::Input => bin_of,
+            Self::Input => SegmentBins::Listed(bin_of),
             Self::Permutation(ids) => {
                 let mut by_segment = zeroed_vec!(u32, bin_of.len());
                 for (&id, &bin) in ids.iter().zip(&bin_of) {
                     by_segment[id as usize] = bin;
                 }
-                by_segment
+                SegmentBins::Listed(by_segment)
             }
-            // Segments of one sort key occupy consecutive offer positions in id order, so
-            // a running position per key walks `bin_of` as a few thousand forward streams;
-            // chunks of segments run in parallel, each from its own starting positions.
             Self::ByCost {
                 chunk_len,
                 chunk_starts,
                 ..
-            } => {
-                let k = options.pad_to_multiple_of;
-                let mut by_segment = zeroed_vec!(u32, segments.len());
+            } => SegmentBins::Walked(Walk {
+                bin_of,
+                lengths: &segments.lengths,
+                k: options.pad_to_multiple_of,
+                chunk_len: *chunk_len,
+                chunk_starts,
+            }),
+        }
+    }
+}
+
+/// The bin of every segment, read by segment id, in chunks of consecutive ids that can be
+/// read in parallel.
+pub enum SegmentBins<'a> {
+    /// `bins[id]` is the bin of segment `id`.
+    Listed(Vec<u32>),
+    /// Found from the bins in offer order while reading.
+    Walked(Walk<'a>),
+}
+
+/// The bins of segments offered by decreasing cost, recovered from the bin of each offer
+/// position: the segments of one sort key occupy consecutive offer positions in id order,
+/// so a running position per key walks `bin_of` as a few thousand forward streams. A chunk
+/// of ids starts from the positions that the order noted for it, so chunk boundaries fall
+/// on the order's chunks.
+pub struct Walk<'a> {
+    /// Bin of each offer position.
+    bin_of: Vec<u32>,
+    /// Segment lengths, by id: they give the sort keys.
+    lengths: &'a [u32],
+    /// The cost multiple of the sort keys.
+    k: u64,
+    /// Ids per chunk of the order.
+    chunk_len: usize,
+    /// See [`OfferOrder::ByCost`].
+    chunk_starts: &'a [Vec<u32>],
+}
+
+/// Consecutive segment ids that one task reads.
+#[derive(Debug, Clone)]
+pub struct IdChunk {
+    /// The segment ids.
+    pub ids: Range<usize>,
+    /// For a walk: the order's chunks it spans.
+    order_chunks: Range<usize>,
+}
+
+/// Segments whose bins a walk looks up before handing them on: the look-ups of a block
+/// are independent of each other and overlap, where one look-up per segment handed on
+/// would make the reader wait for it.
+const WALK_BLOCK: usize = 256;
+
+impl SegmentBins<'_> {
+    /// The bin of every segment as a vector indexed by id (walked in parallel if need be).
+    pub fn into_listed(self) -> Vec<u32> {
+        match self {
+            Self::Listed(bins) => bins,
+            Self::Walked(walk) => {
+                let mut by_segment = zeroed_vec!(u32, walk.bin_of.len());
+                let chunks = walk.chunk_starts.len() - 1;
                 by_segment
-                    .par_chunks_mut(*chunk_len)
-                    .zip(segments.lengths.par_chunks(*chunk_len))
-                    .zip(chunk_starts.par_iter())
-                    .for_each(|((out, lengths), next)| {
-                        walk(lengths, next.clone(), &bin_of, k, out);
+                    .par_chunks_mut(walk.chunk_len)
+                    .zip(walk.chunks(chunks))
+                    .for_each(|(out, chunk)| {
+                        walk.blocks(&chunk, |ids, bins| {
+                            let first = ids.start - chunk.ids.start;
+                            out[first..first + bins.len()].copy_from_slice(bins);
+                        });
                     });
                 by_segment
             }
         }
     }
+
+    /// At most `max` chunks (at least one) that cover all segments in id order; fewer
+    /// when a walk's chunk boundaries do not allow that many.
+    pub fn chunks(&self, max: usize) -> Vec<IdChunk> {
+        match self {
+            Self::Listed(bins) => {
+                let n = bins.len();
+                let chunk_len = n.div_ceil(max.max(1)).max(1);
+                (0..n.div_ceil(chunk_len).max(1))
+                    .map(|c| IdChunk {
+                        ids: c * chunk_len..((c + 1) * chunk_len).min(n),
+                        order_chunks: 0..0,
+                    })
+                    .collect()
+            }
+            Self::Walked(walk) => walk.chunks(max),
+        }
+    }
+
+    /// Add the number of segments of `chunk` in each group of `2^shift` consecutive bins
+    /// to `counts`.
+    pub fn count_groups(&self, chunk: &IdChunk, shift: u32, counts: &mut [usize]) {
+        // Four tallies taken in turn: in offer order a bin often repeats, and adding to one
+        // counter again and again would wait for each addition to land.
+        let mut tallies = vec![[0usize; 4]; counts.len()];
+        let mut add = |bins: &[u32]| {
+            let mut quads = bins.chunks_exact(4);
+            for quad in &mut quads {
+                for (lane, &bin) in quad.iter().enumerate() {
+                    tallies[(bin >> shift) as usize][lane] += 1;
+                }
+            }
+            for &bin in quads.remainder() {
+                tallies[(bin >> shift) as usize][0] += 1;
+            }
+        };
+        match self {
+            Self::Listed(bins) => add(&bins[chunk.ids.clone()]),
+            Self::Walked(walk) => {
+                // The chunk's segments of each key sit at consecutive offer positions.
+                let first = &walk.chunk_starts[chunk.order_chunks.start];
+                let end = &walk.chunk_starts[chunk.order_chunks.end];
+                for (&from, &to) in first.iter().zip(end) {
+                    add(&walk.bin_of[from as usize..to as usize]);
+                }
+            }
+        }
+        for (count, tally) in counts.iter_mut().zip(tallies) {
+            *count += tally.iter().sum::<usize>();
+        }
+    }
+
+    /// Hand the bins of the segments of `chunk` to `visit`, in id order, a block of
+    /// consecutive ids at a time.
+    #[inline]
+    pub fn blocks(&self, chunk: &IdChunk, mut visit: impl FnMut(Range<usize>, &[u32])) {
+        match self {
+            Self::Listed(bins) => visit(chunk.ids.clone(), &bins[chunk.ids.clone()]),
+            Self::Walked(walk) => walk.blocks(chunk, visit),
+        }
+    }
 }
 
-/// Bin of each segment of `lengths` (one chunk, in id order), given each key's next offer
-/// position.
-fn walk(lengths: &[u32], mut next_position: Vec<u32>, bin_of: &[u32], k: u64, out: &mut [u32]) {
-    for (bin, &length) in out.iter_mut().zip(lengths) {
-        let position = &mut next_position[sort_key(length, k)];
-        *bin = bin_of[*position as usize];
-        *position += 1;
+impl Walk<'_> {
+    /// See [`SegmentBins::chunks`]: groups of consecutive order chunks.
+    fn chunks(&self, max: usize) -> Vec<IdChunk> {
+        let n = self.bin_of.len();
+        let order_chunks = self.chunk_starts.len() - 1;
+        let group = order_chunks.div_ceil(max.max(1)).max(1);
+        (0..order_chunks.div_ceil(group).max(1))
+            .map(|c| {
+                let first = c * group;
+                let end = (first + group).min(order_chunks);
+                IdChunk {
+                    ids: (first * self.chunk_len).min(n)..(end * self.chunk_len).min(n),
+                    order_chunks: first..end,
+                }
+            })
+            .collect()
+    }
+
+    /// See [`SegmentBins::blocks`].
+    #[inline]
+    fn blocks(&self, chunk: &IdChunk, mut visit: impl FnMut(Range<usize>, &[u32])) {
+        let mut next_position = self.chunk_starts[chunk.order_chunks.start].clone();
+        let mut block = [0u32; WALK_BLOCK];
+        let mut first = chunk.ids.start;
+        while first < chunk.ids.end {
+            let end = (first + WALK_BLOCK).min(chunk.ids.end);
+            let bins = &mut block[..end - first];
+            for (bin, &length) in bins.iter_mut().zip(&self.lengths[first..end]) {
+                let position = &mut next_position[sort_key(length, self.k)];
+                *bin = self.bin_of[*position as usize];
+                *position += 1;
+            }
+            visit(first..end, bins);
+            first = end;
+        }
     }
 }

@@ -215,6 +215,15 @@ proptest! {
         let packing = pack(&input, &opts).unwrap();
         check_invariants(&input, &packing, &opts);
         prop_assert_eq!(&packing, &pack(&input, &opts).unwrap());
+        // A packed bin costs exactly its segments' costs.
+        for (bin, w) in packing.bin_offsets.windows(2).enumerate() {
+            let cost: u64 = packing.lengths[w[0] as usize..w[1] as usize]
+                .iter()
+                .map(|&l| opts.cost(l as u64))
+                .sum();
+            prop_assert_eq!(packing.bin_tokens[bin] as u64, cost);
+        }
+        prop_assert_eq!(packing.segment_cost, packing.bin_tokens.iter().map(|&t| t as u64).sum::<u64>());
         let padded = batch_padded(&input, &opts).unwrap();
         check_invariants(&input, &padded, &opts);
     }
@@ -263,8 +272,23 @@ proptest! {
             (assign::first_fit_runs(&runs, n, &opts), assign::first_fit(costs(), n, &opts))
         };
         prop_assert_eq!(bulk.bin_of, single.bin_of);
-        prop_assert_eq!(bulk.n_bins, single.n_bins);
+        prop_assert_eq!(bulk.bins, single.bins);
     }
+}
+
+#[test]
+fn equal_costs_keep_input_order_above_the_counting_sort_range() {
+    // A budget beyond the counting sort's keys takes the comparison sort. With a multiple,
+    // lengths 131, 33,667 and 33,282 all cost one multiple: they must be offered by index
+    // (the documented order), not by raw length. Found by the `batch_padded` fuzz target.
+    let opts = PackOptions::new(2_204_803_583, Some(30), 1_090_536_703, "error", "bfd", 0).unwrap();
+    let input = [131i64, 33_667, 0, 33_282];
+    let padded = batch_padded(&input, &opts).unwrap();
+    assert_eq!(padded.bin_offsets, vec![0, 2, 4]);
+    assert_eq!(padded.indices, vec![0, 1, 2, 3]);
+    let input = [131i64, 33_667, 33_282];
+    let opts = PackOptions::new(2_204_803_583, None, 1_090_536_703, "error", "ffd", 0).unwrap();
+    assert_eq!(pack(&input, &opts).unwrap().indices, vec![0, 1, 2]);
 }
 
 /// The packing of `lengths` with the offer order `order` makes of its segments.
@@ -275,8 +299,8 @@ fn pack_in_order(
 ) -> Packing {
     let segments = segments::segment(lengths, opts).unwrap();
     let order = order(&segments, opts);
-    let assignment = order.assign(&segments, opts);
-    finish(segments, &order, assignment, opts, None)
+    let (assignment, outputs) = with_outputs(&segments, || order.assign(&segments, opts));
+    finish(segments, &order, assignment, opts, None, outputs)
 }
 
 #[test]
@@ -316,6 +340,7 @@ proptest! {
         let sparse = assign::best_fit(
             capacity_index::BestFitIndex::sparse(), costs.iter().copied(), n, &opts);
         prop_assert_eq!(&dense.bin_of, &sparse.bin_of);
+        prop_assert_eq!(&dense.bins, &sparse.bins);
         let mut runs: Vec<(u64, u32)> = Vec::new();
         let mut sorted = costs.clone();
         sorted.sort_unstable_by(|a, b| b.cmp(a));
@@ -328,6 +353,7 @@ proptest! {
         let dense = assign::best_fit_runs(capacity_index::BestFitIndex::dense(300), &runs, n, &opts);
         let sparse = assign::best_fit_runs(capacity_index::BestFitIndex::sparse(), &runs, n, &opts);
         prop_assert_eq!(dense.bin_of, sparse.bin_of);
+        prop_assert_eq!(dense.bins, sparse.bins);
     }
 
     #[test]

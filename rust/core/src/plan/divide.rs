@@ -140,7 +140,8 @@ fn least_filled(costs: &[BinCost], count: usize) -> Vec<u32> {
 fn cut_capacity(offsets: &[i64]) -> u64 {
     offsets
         .windows(2)
-        .map(|w| (w[1] - w[0]).saturating_sub(1) as u64)
+        // An empty bin (possible in bins rebuilt from outside) adds none, not -1 as u64.
+        .map(|w| (w[1] - w[0]).max(1) as u64 - 1)
         .sum()
 }
 

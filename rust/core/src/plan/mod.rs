@@ -104,6 +104,9 @@ impl Bins {
     /// Check that the arrays form a packing (for bins rebuilt from outside, e.g. unpickled):
     /// offsets from 0 to the segment count, never decreasing; segments of known sequences.
     pub fn validate(&self) -> Result<()> {
+        if self.max_tokens == 0 {
+            return Err(Error::invalid("max_tokens must be at least 1, got 0"));
+        }
         let p = &self.packing;
         let n = p.indices.len();
         if p.starts.len() != n || p.lengths.len() != n {

@@ -35,23 +35,25 @@ pub fn rest(plan: &EpochPlan, step: usize) -> Result<Bins> {
     let mut packing = Packing {
         bin_offsets: Vec::with_capacity(bins.len() + 1),
         indices: Vec::with_capacity(n_segments),
-        starts: Vec::with_capacity(n_segments),
+        starts: Vec::new().into(),
         lengths: Vec::with_capacity(n_segments),
         bin_tokens: Vec::with_capacity(bins.len()),
         counts: source.packing.counts.clone(),
         segment_cost: 0,
     };
+    let mut rest_starts = Vec::with_capacity(n_segments);
     packing.bin_offsets.push(0);
     for &bin in bins {
         let range = layout.segment_range(bin as usize);
         packing.indices.extend_from_slice(&indices[range.clone()]);
-        packing.starts.extend_from_slice(&starts[range.clone()]);
+        rest_starts.extend_from_slice(&starts[range.clone()]);
         packing.lengths.extend_from_slice(&lengths[range]);
         packing.bin_offsets.push(packing.indices.len() as i64);
         let tokens = layout.costs()[bin as usize].tokens;
         packing.bin_tokens.push(tokens as i64);
         packing.segment_cost += tokens;
     }
+    packing.starts = rest_starts.into();
     packing.counts.input_tokens = packing.lengths.iter().map(|&l| l as u64).sum();
     Ok(Bins {
         lower_bound: packing.segment_cost.div_ceil(source.max_tokens),

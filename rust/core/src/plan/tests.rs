@@ -430,3 +430,60 @@ fn bad_options_are_refused() {
     assert!(plan.step_costs(CostKind::Flops).is_err());
     assert!(plan.check_rank(2).is_err() && plan.check_rank(-1).is_err());
 }
+
+#[test]
+fn rebuilt_bins_without_a_budget_are_refused() {
+    // Bins rebuilt from outside (an unpickled Packing) with max_tokens=0 passed validation,
+    // and `rest` then divided by zero. Found by the `planner` fuzz target.
+    let bins = Bins {
+        packing: Packing {
+            bin_offsets: vec![0],
+            indices: vec![],
+            starts: Vec::new().into(),
+            lengths: vec![],
+            bin_tokens: vec![],
+            counts: crate::packing::PolicyCounts::default(),
+            segment_cost: 0,
+        },
+        max_tokens: 0,
+        n_seqs: 0,
+        kind: PackingKind::Packed,
+        lower_bound: 0,
+    };
+    assert!(bins
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("max_tokens"));
+    let valid = Bins {
+        max_tokens: 1,
+        ..bins
+    };
+    valid.validate().unwrap();
+    let plan = Planner::new(Arc::new(valid), options(1)).unwrap().plan(0);
+    assert_eq!(plan.rest(0).unwrap().n_bins(), 0);
+}
+
+#[test]
+fn empty_rebuilt_bins_add_no_cutting_capacity() {
+    // An empty bin counted -1 as u64 of capacity to cut: a u64 overflow, and a plan that
+    // believed it could make any number of bins. Found by the `planner` fuzz target.
+    let bins = Bins {
+        packing: Packing {
+            bin_offsets: vec![0, 0, 0, 2],
+            indices: vec![0, 1],
+            starts: vec![0, 0].into(),
+            lengths: vec![3, 4],
+            bin_tokens: vec![0, 0, 7],
+            counts: crate::packing::PolicyCounts::default(),
+            segment_cost: 7,
+        },
+        max_tokens: 8,
+        n_seqs: 2,
+        kind: PackingKind::Packed,
+        lower_bound: 1,
+    };
+    bins.validate().unwrap();
+    let error = Planner::new(Arc::new(bins), options(1 << 40)).unwrap_err();
+    assert!(error.to_string().contains("cannot give each"), "{error}");
+}

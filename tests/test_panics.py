@@ -1,0 +1,98 @@
+"""A Rust panic never reaches Python as pyo3's ``PanicException`` (a ``BaseException``
+that ``except Exception`` misses): the binding boundary raises ``InternalError``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tokenbatch as tb
+from tokenbatch import _core
+
+BINDINGS = Path(__file__).resolve().parents[1] / "rust" / "py" / "src"
+
+
+@pytest.mark.parametrize(
+    ("location", "message"),
+    [
+        ("binding", "with the GIL held"),
+        ("detached", "with the GIL released"),
+        ("worker", "on a worker thread"),
+    ],
+)
+def test_a_panic_becomes_internal_error_naming_the_function(location: str, message: str) -> None:
+    with pytest.raises(tb.InternalError) as caught:
+        _core._panic_for_test(location)
+    error = caught.value
+    assert isinstance(error, tb.TokenBatchError)
+    assert isinstance(error, RuntimeError)
+    assert f"tokenbatch._core._panic_for_test: deliberate panic {message}" in str(error)
+    assert "this is a bug in tokenbatch" in str(error)
+
+
+def test_except_exception_catches_it_and_the_library_still_works() -> None:
+    # pytest.raises(Exception) catches what `except Exception` does; PanicException escapes.
+    with pytest.raises(Exception, match="deliberate panic") as caught:
+        _core._panic_for_test("worker")
+    assert type(caught.value) is tb.InternalError
+    # The thread pool survives a panicking job: a packing large enough to run in parallel.
+    lengths = np.random.default_rng(0).integers(1, 4096, size=1 << 17)
+    packing = tb.pack(lengths, 4096)
+    assert np.array_equal(np.sort(packing.indices), np.arange(lengths.size))
+
+
+def _exported_functions(source: str) -> list[tuple[str, str]]:
+    """(name, body) of every ``#[pyfunction]`` and every method of a ``#[pymethods]`` block."""
+    found = []
+    lines = source.splitlines()
+    depth = 0
+    in_methods_at: int | None = None
+    pending_pyfunction = False
+    for number, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("#[pyfunction"):
+            pending_pyfunction = True
+        if stripped.startswith("#[pymethods]"):
+            in_methods_at = depth
+        match = re.match(r"(pub )?fn (\w+)", stripped)
+        is_method = in_methods_at is not None and depth == in_methods_at + 1
+        if match and (pending_pyfunction or is_method):
+            found.append((match.group(2), _body(lines, number)))
+            pending_pyfunction = False
+        depth += line.count("{") - line.count("}")
+        if in_methods_at is not None and depth == in_methods_at and "}" in line:
+            in_methods_at = None
+    return found
+
+
+def _body(lines: list[str], first: int) -> str:
+    depth, opened, body = 0, False, []
+    for line in lines[first:]:
+        body.append(line)
+        depth += line.count("{") - line.count("}")
+        opened = opened or "{" in line
+        if opened and depth == 0:
+            break
+    return "\n".join(body)
+
+
+def test_every_exported_function_runs_inside_the_guard() -> None:
+    exported = {
+        name: body
+        for path in sorted(BINDINGS.glob("*.rs"))
+        for name, body in _exported_functions(path.read_text())
+    }
+    assert {"pack", "batch_padded", "memory_grid", "table", "set_num_threads"} <= set(exported)
+    unguarded = sorted(name for name, body in exported.items() if "guard(" not in body)
+    assert unguarded == [], f"wrap these bindings in error::guard: {unguarded}"
+
+
+def test_an_unpickled_packing_without_a_budget_is_refused() -> None:
+    """Rebuilt bins with max_tokens=0 passed validation and planning them divided by zero."""
+    empty = np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(1, dtype=np.int64)
+    with pytest.raises(tb.InvalidValueError, match="max_tokens must be at least 1"):
+        tb.Packing._from_parts(offsets, empty, empty, empty, empty, [0] * 7, 0, 0, "packed", 0)
