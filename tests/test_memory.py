@@ -264,6 +264,39 @@ def test_grid_marks_each_invalid_cell_with_its_reason() -> None:
     assert "seq_len" in reasons[5]
 
 
+def test_long_columns_of_any_number_dtype_give_the_same_grid() -> None:
+    # Long boolean and integer columns are read in place, others converted to float64.
+    rng = np.random.default_rng(3)
+    cells = 5000
+    flags = rng.integers(0, 2, cells).astype(bool)
+    tp = rng.choice([1, 2, 4, 8], cells)
+    grids = [
+        estimate_memory_grid(
+            LLAMA_8B,
+            seq_len=4096,
+            tp=tp.astype(np.int64 if dtype is bool else dtype),
+            sequence_parallel=flags.astype(dtype),
+            fused_swiglu=flags[::-1].astype(dtype),
+            fp8=flags[::-1].astype(dtype),
+        )
+        for dtype in (bool, np.int64, np.uint8, np.float64)
+    ]
+    for grid in grids[1:]:
+        assert np.array_equal(grid.total, grids[0].total)
+        assert np.array_equal(grid.field("act_norm"), grids[0].field("act_norm"))
+    assert grids[0].valid.all()
+    assert len(np.unique(grids[0].total)) > 8
+
+
+def test_huge_pipeline_degrees_are_invalid_not_a_crash() -> None:
+    # pp * vpp = 2^66 once wrapped to 0 in 64 bits: a division by zero in the core.
+    with pytest.raises(InvalidValueError, match="pp"):
+        estimate_memory(LLAMA_8B, seq_len=4096, pp=2**33, vpp=2**33)
+    grid = estimate_memory_grid(LLAMA_8B, seq_len=4096, pp=[2**33, 4], vpp=[2**33, 1])
+    assert grid.valid.tolist() == [False, True]
+    assert "pp" in grid.reasons()[0]
+
+
 def test_moe_expert_parallel_and_pipeline_stage() -> None:
     mixtral = ModelSpec.preset("mixtral-8x7b")
     no_ep = estimate_memory(mixtral, seq_len=4096, dp=8)

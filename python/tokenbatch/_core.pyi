@@ -299,7 +299,9 @@ def memory_layer_params(
 def memory_grid(
     spec: Mapping[str, object],
     shape: list[int],
-    inputs: list[tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64], list[int]]],
+    inputs: list[
+        tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.bool_], list[int]]
+    ],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
 def memory_fields() -> tuple[list[str], list[str], list[str]]: ...
 def memory_name_codes(

@@ -33,8 +33,8 @@ __all__ = [
 ]
 
 _F64 = npt.NDArray[np.float64]
-# What the grid reads in place: float64 or int64.
-_Numbers = npt.NDArray[np.float64] | npt.NDArray[np.int64]
+# What the grid reads in place: float64, int64 or bool.
+_Numbers = npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.bool_]
 
 LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES = (list(x) for x in _core.memory_fields())
 
@@ -154,16 +154,20 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     return codes
 
 
-# Integer arrays at least this long are handed to the core as int64 and read in place;
-# shorter ones (scalars, a grid's axes) as float64, whose extraction is cheaper.
+# Integer and boolean arrays at least this long are handed to the core as int64 or bool
+# and read in place; shorter ones (scalars, a grid's axes) as float64, whose extraction is
+# cheaper.
 _INTEGER_COLUMN = 4096
 
 
 def _numeric(name: str, value: Any) -> _Numbers:
-    """A number or an array of numbers as the grid reads them, in place: contiguous int64
-    (long integer columns) or float64 (other dtypes are converted once)."""
+    """A number or an array of numbers as the grid reads them, in place: contiguous bool
+    or int64 (long boolean or integer columns) or float64 (other dtypes are converted
+    once)."""
     array = np.asarray(value)
-    if array.dtype.kind in "iub" and array.size >= _INTEGER_COLUMN:
+    if array.dtype.kind == "b" and array.size >= _INTEGER_COLUMN:
+        return np.ascontiguousarray(array)
+    if array.dtype.kind in "iu" and array.size >= _INTEGER_COLUMN:
         return np.ascontiguousarray(array, dtype=np.int64)
     if array.dtype.kind in "iub":
         return np.ascontiguousarray(array, dtype=np.float64)

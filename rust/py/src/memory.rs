@@ -137,11 +137,12 @@ fn memory_pipeline_layers(
 /// A grid's values table and reason codes.
 type GridArrays<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u8>>);
 
-/// A grid input's values: float64 or int64, read in place.
+/// A grid input's values: float64, int64 or bool, read in place.
 #[derive(FromPyObject)]
 enum NumberArray<'py> {
     F64(PyReadonlyArray1<'py, f64>),
     I64(PyReadonlyArray1<'py, i64>),
+    Bool(PyReadonlyArray1<'py, bool>),
 }
 
 /// Evaluate a broadcast grid; returns the `(len(OUTPUT_FIELDS), cells)` table, flat and
@@ -161,6 +162,7 @@ fn memory_grid<'py>(
                 let data = match array {
                     NumberArray::F64(array) => Values::F64(as_slice(array)?),
                     NumberArray::I64(array) => Values::I64(as_slice(array)?),
+                    NumberArray::Bool(array) => Values::Bool(as_slice(array)?),
                 };
                 Ok(GridInput {
                     data,

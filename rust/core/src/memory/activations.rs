@@ -74,6 +74,12 @@ impl CpComm {
     }
 }
 
+/// Bytes of the rotary tables (cos and sin) of `positions` positions, `rope` wide, in
+/// elements of `e` bytes.
+pub(crate) fn rotary_tables(positions: f64, (rope, e): (f64, f64)) -> f64 {
+    2.0 * positions * rope * e
+}
+
 /// Activation bytes per local token of one layer, by block.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct LayerActs {
@@ -324,17 +330,19 @@ impl<'a> Activations<'a> {
         expert.max(context)
     }
 
-    /// Rotary tables kept per micro-batch for `positions` positions (`hf`: cos and sin).
-    pub fn rotary_tables(&self, positions: f64) -> f64 {
+    /// The head size of the rotary tables kept per micro-batch (`hf`: cos and sin of every
+    /// position) and the bytes of their elements; `None` when none are kept. Their bytes
+    /// for a number of positions are [`rotary_tables`].
+    pub fn rotary_table_widths(&self) -> Option<(f64, f64)> {
         if !self.hf || self.spec.learned_positions > 0 {
-            return 0.0;
+            return None;
         }
         let rope = if self.spec.is_mla() {
             self.spec.qk_rope_head_dim
         } else {
             self.spec.head_dim
         };
-        2.0 * positions * rope as f64 * self.c.e
+        Some((rope as f64, self.c.e))
     }
 
     /// Korthikanti et al. 2022, table 2, per token of one layer.

@@ -41,8 +41,9 @@
 //! Full recomputation keeps each layer's input and needs one layer's activations while it
 //! recomputes (Chen et al. 2016).
 
-use crate::memory::activations::{ActCtx, Activations, CpComm, LayerActs};
+use crate::memory::activations::{rotary_tables, ActCtx, Activations, CpComm, LayerActs};
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
+use crate::memory::memo::Memo;
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::{LayerParams, ModelSpec};
 
@@ -172,21 +173,29 @@ impl Prepared {
     }
 }
 
-/// `x.ceil()` for the byte counts here (|x| < 2^63). Portable x86-64 has no rounding
-/// instruction, so `f64::ceil` is a libm call, a tenth of the grid's time; the integer
-/// round trip compiles to two conversions.
-#[inline]
+/// `x.ceil()`, without a rounding instruction (portable x86-64 has none, and `f64::ceil`
+/// is a libm call, a tenth of the grid's time) nor a branch (whether a byte count is whole
+/// varies from cell to cell): below 2^52 in magnitude, adding and removing 2^52 (with the
+/// sign of `x`) rounds `x` to the nearest integer, one is added where that is below `x`;
+/// from 2^52 on, every double is whole. Zero and negative zero give zero, as the integer
+/// round trip this replaces did.
+#[inline(always)]
 fn ceil(x: f64) -> f64 {
-    if x.abs() < 9.0e18 {
-        let truncated = x as i64 as f64;
-        if truncated < x {
-            truncated + 1.0
-        } else {
-            truncated
-        }
+    let shift = TWO_POW_52.copysign(x);
+    let nearest = (x + shift) - shift;
+    let up = nearest + if nearest < x { 1.0 } else { 0.0 };
+    if x.abs() < TWO_POW_52 {
+        up
     } else {
-        x.ceil()
+        x
     }
+}
+
+/// A count below 2^32 (stages, chunks and layers of a pipeline: at most 4,095) as an
+/// `f64`, by the one-instruction signed conversion rather than the unsigned 64-bit one.
+#[inline(always)]
+fn count(n: u64) -> f64 {
+    f64::from(n as u32)
 }
 
 const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
@@ -314,25 +323,39 @@ pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
 }
 
 /// Check how a configuration whose fields each passed [`check_field`] fits the model, and
-/// split its layers over the pipeline stages. Inlined, so that the split is built where it
-/// is used rather than copied out of a return slot for every cell of a grid.
-#[inline(always)]
+/// split its layers over the pipeline stages.
 fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
-    if !divides(l.tp, spec.num_heads) {
+    tp_fit(spec, l.tp)?;
+    let stages = split_fit(spec, l)?;
+    ep_fit(spec, l.ep)?;
+    ep_group_fit(l)?;
+    Ok(stages)
+}
+
+/// Whether `tp` divides the heads and MLP widths of the model (key/value heads: divides
+/// them or is a multiple of them).
+fn tp_fit(spec: &ModelSpec, tp: f64) -> Result<(), Invalid> {
+    if !divides(tp, spec.num_heads) {
         return Err(Invalid::TpHeads);
     }
-    if !spec.is_mla() && !divides(l.tp, spec.num_kv_heads) && (l.tp as u64) % spec.num_kv_heads != 0
-    {
+    if !spec.is_mla() && !divides(tp, spec.num_kv_heads) && (tp as u64) % spec.num_kv_heads != 0 {
         return Err(Invalid::TpKvHeads);
     }
     let has_dense = !spec.is_moe() || spec.first_dense_layers > 0;
-    if (has_dense && !divides(l.tp, spec.ffn_size))
-        || (spec.is_moe() && !divides(l.tp, spec.moe_ffn_size))
+    if (has_dense && !divides(tp, spec.ffn_size))
+        || (spec.is_moe() && !divides(tp, spec.moe_ffn_size))
     {
         return Err(Invalid::TpFfn);
     }
+    Ok(())
+}
+
+/// The split of the model's layers over the pipeline stages. Inlined, so that the split is
+/// built where it is used rather than copied out of a return slot for every cell of a grid.
+#[inline(always)]
+fn split_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
     let split = PipelineSplit::from_code(l.pipeline_split).ok_or(Invalid::PipelineSplit)?;
-    let stages = StageLayers::new(
+    StageLayers::new(
         spec.num_layers,
         l.pp as u64,
         l.vpp as u64,
@@ -340,18 +363,29 @@ fn validate_fit(spec: &ModelSpec, l: &Layout) -> Result<StageLayers, Invalid> {
         l.first_stage_layers as u64,
         l.last_stage_layers as u64,
     )
-    .ok_or(Invalid::PpLayers)?;
+    .ok_or(Invalid::PpLayers)
+}
+
+/// Whether `ep` divides the routed experts (1 for a dense model).
+fn ep_fit(spec: &ModelSpec, ep: f64) -> Result<(), Invalid> {
     if spec.is_moe() {
-        if !divides(l.ep, spec.num_experts) {
+        if !divides(ep, spec.num_experts) {
             return Err(Invalid::EpExperts);
         }
-    } else if l.ep != 1.0 {
+    } else if ep != 1.0 {
         return Err(Invalid::EpDense);
     }
-    if !divides(l.ep, (l.dp * l.cp) as u64) {
-        return Err(Invalid::EpDpCp);
+    Ok(())
+}
+
+/// Whether `ep` divides the data- and context-parallel ranks that shard the experts.
+#[inline(always)]
+fn ep_group_fit(l: &Layout) -> Result<(), Invalid> {
+    if divides(l.ep, (l.dp * l.cp) as u64) {
+        Ok(())
+    } else {
+        Err(Invalid::EpDpCp)
     }
-    Ok(stages)
 }
 
 /// Routed copies per token relative to `top_k`: the capacity factor when experts' inputs
@@ -367,6 +401,7 @@ fn capacity_multiple(capacity_factor: f64) -> f64 {
 /// Tokens of a `seq_len`-token sequence on each of `cp` context-parallel ranks: with load
 /// balancing, a sequence is padded to a multiple of `2 * cp` and cut into `2 * cp` chunks,
 /// two per rank (Transformer Engine's and Megatron's convention).
+#[inline(always)]
 fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
     if cp == 1.0 {
         seq_len
@@ -375,38 +410,120 @@ fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
     }
 }
 
+/// Whether `l` recomputes fully. A comparison of the code (validated: 0, 1 or 2) rather
+/// than of the [`Recompute`] mode: a float comparison chooses between values with masks,
+/// where a branch on the mode, which varies from cell to cell in a list of layouts, was
+/// mispredicted.
+#[inline(always)]
+fn full_recompute(l: &Layout) -> bool {
+    l.recompute == 2.0
+}
+
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
     check_fields(l)?;
-    estimate_checked_fields(prep, l)
+    let stages = validate_fit(&prep.spec, l)?;
+    let terms = Terms::new(prep, &TermsKey::new(l));
+    Ok(estimate_valid(prep, l, &terms, stages))
 }
 
-/// [`estimate`] for a layout whose fields each passed [`check_field`].
-pub(crate) fn estimate_checked_fields(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
-    let stages = validate_fit(&prep.spec, l)?;
-    Ok(estimate_valid(prep, l, stages))
+/// Estimates configurations one after the other, as a grid does: the [`Terms`] of each
+/// distinct [`TermsKey`] are computed once, and cells with the same key share them.
+pub(crate) struct Estimator<'p> {
+    prep: &'p Prepared,
+    terms: Memo<TERMS_KEY_WORDS, Terms>,
+    list_terms: Memo<LIST_KEY_WORDS, Terms>,
+}
+
+/// Words of the key of a cell of a list ([`Estimator::estimate_list_cell`]).
+pub(crate) const LIST_KEY_WORDS: usize = 4;
+
+impl<'p> Estimator<'p> {
+    pub fn new(prep: &'p Prepared) -> Self {
+        Estimator {
+            prep,
+            terms: Memo::new(),
+            list_terms: Memo::new(),
+        }
+    }
+
+    /// [`Estimator::estimate_checked_fields`] for a cell of a list of configurations whose
+    /// `key` holds the values of the list's columns that its terms depend on: cells of one
+    /// list with equal keys have equal [`TermsKey`]s (the list's other fields are the same
+    /// in every cell). A shorter key than a [`TermsKey`] is quicker to find.
+    #[inline(always)]
+    pub fn estimate_list_cell(
+        &mut self,
+        l: &Layout,
+        key: [u64; LIST_KEY_WORDS],
+    ) -> Result<Breakdown, Invalid> {
+        let prep = self.prep;
+        let terms = self
+            .list_terms
+            .get_or_insert_with(key, || Terms::of(prep, l));
+        estimate_with_terms(prep, l, terms)
+    }
+
+    /// [`estimate`] for a layout whose fields each passed [`check_field`]. Inlined into
+    /// the grid's loops, for the reasons [`Config::new`] gives.
+    #[inline(always)]
+    pub fn estimate_checked_fields(&mut self, l: &Layout) -> Result<Breakdown, Invalid> {
+        let prep = self.prep;
+        let key = TermsKey::new(l);
+        let terms = self
+            .terms
+            .get_or_insert_with(key.words(), || Terms::new(prep, &key));
+        estimate_with_terms(prep, l, terms)
+    }
+}
+
+/// [`estimate`] for a layout whose fields each passed [`check_field`], given its terms
+/// (those of its [`TermsKey`]).
+#[inline(always)]
+pub(crate) fn estimate_with_terms(
+    prep: &Prepared,
+    l: &Layout,
+    terms: &Terms,
+) -> Result<Breakdown, Invalid> {
+    // The checks of `validate_fit`, in its order.
+    terms.tp_fit?;
+    let stages = split_fit(&prep.spec, l)?;
+    terms.ep_fit?;
+    ep_group_fit(l)?;
+    Ok(estimate_valid(prep, l, terms, stages))
 }
 
 /// The busiest stage of a valid configuration.
-fn estimate_valid(prep: &Prepared, l: &Layout, stages: StageLayers) -> Breakdown {
-    let config = Config::new(prep, l, stages);
+#[inline(always)]
+fn estimate_valid(prep: &Prepared, l: &Layout, terms: &Terms, stages: StageLayers) -> Breakdown {
+    let config = Config::new(prep, l, terms, stages);
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
     let mut best = config.stage(0, first_counts);
+    // A middle stage holding the same layers as the first stage or as the middle stage
+    // before it cannot be the busiest: it has the same layer states, fewer micro-batches in
+    // flight and no embedding. That leaves two stages to evaluate for a dense model,
+    // whatever `pp`; when its split is even, not even a look at the middle stages, whose
+    // number varies from cell to cell (a mispredicted loop exit in a list of layouts).
+    let middles = if !prep.spec.is_moe() && stages.middle_stages_like_first() {
+        1..1
+    } else {
+        1..pp.saturating_sub(1)
+    };
     let mut previous_middle = (f64::NAN, f64::NAN);
-    for stage in 1..pp {
+    for stage in middles {
         let counts = config.layer_counts(stage);
-        // A middle stage holding the same layers as the first stage or as the middle stage
-        // before it cannot be the busiest: it has the same layer states, fewer micro-batches
-        // in flight and no embedding. Skipping it leaves two stages to evaluate for a dense
-        // model, whatever `pp`.
-        if stage < pp - 1 {
-            if counts == first_counts || counts == previous_middle {
-                continue;
-            }
-            previous_middle = counts;
+        if counts == first_counts || counts == previous_middle {
+            continue;
         }
+        previous_middle = counts;
         let candidate = config.stage(stage, counts);
+        if candidate.total > best.total {
+            best = candidate;
+        }
+    }
+    if pp > 1 {
+        let candidate = config.stage(pp - 1, config.layer_counts(pp - 1));
         if candidate.total > best.total {
             best = candidate;
         }
@@ -419,72 +536,172 @@ fn estimate_valid(prep: &Prepared, l: &Layout, stages: StageLayers) -> Breakdown
 pub fn estimate_stages(prep: &Prepared, l: &Layout) -> Result<Vec<Breakdown>, Invalid> {
     check_fields(l)?;
     let stages = validate_fit(&prep.spec, l)?;
-    let config = Config::new(prep, l, stages);
+    let terms = Terms::new(prep, &TermsKey::new(l));
+    let config = Config::new(prep, l, &terms, stages);
     Ok((0..l.pp as u64)
         .map(|stage| config.stage(stage, config.layer_counts(stage)))
         .collect())
 }
 
-/// What the stages of one valid configuration share.
-struct Config<'a> {
-    prep: &'a Prepared,
-    l: &'a Layout,
-    recompute: Recompute,
-    tokens: f64,
+/// Words of a [`TermsKey`].
+const TERMS_KEY_WORDS: usize = 16;
+
+/// The fields of a configuration that its [`Terms`] depend on: all but the batch shape,
+/// the data-parallel and pipeline layout, ZeRO and the bytes of the model states.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TermsKey {
+    tp: f64,
+    sequence_parallel: f64,
+    recompute: f64,
+    activation_bytes: f64,
+    attention: f64,
+    fused_swiglu: f64,
+    fp8: f64,
+    activation_model: f64,
+    moe_capacity_factor: f64,
+    param_bytes: f64,
+    ep: f64,
+    cp: f64,
+    cp_comm: f64,
+    loss: f64,
+    logits_bytes: f64,
+    /// Keys each query attends to, where a layer's activations depend on them (eager
+    /// attention keeps its probabilities, `korthikanti` its scores); NaN elsewhere, so that
+    /// cells of every sequence length share the key.
+    key_len: f64,
+}
+
+/// The layout fields (indices into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS)) a
+/// [`TermsKey`] holds, besides `seq_len`, which it holds only where a cell's attention is
+/// eager or its activation model `korthikanti` ([`KEY_LEN_FIELDS`]).
+pub(crate) const TERMS_FIELDS: [usize; 15] =
+    [3, 9, 10, 17, 20, 21, 29, 19, 26, 12, 6, 5, 27, 28, 18];
+
+/// `seq_len`, and the fields whose value 1 makes a [`TermsKey`] depend on it: `attention`
+/// (eager) and `activation_model` (`korthikanti`).
+pub(crate) const KEY_LEN_FIELDS: (usize, [usize; 2]) = (0, [20, 19]);
+
+impl TermsKey {
+    #[inline(always)]
+    pub fn new(l: &Layout) -> Self {
+        let key_len = if l.attention == 1.0 || l.activation_model == 1.0 {
+            cp_rank_tokens(l.seq_len, l.cp)
+        } else {
+            f64::NAN
+        };
+        TermsKey {
+            tp: l.tp,
+            sequence_parallel: l.sequence_parallel,
+            recompute: l.recompute,
+            activation_bytes: l.activation_bytes,
+            attention: l.attention,
+            fused_swiglu: l.fused_swiglu,
+            fp8: l.fp8,
+            activation_model: l.activation_model,
+            moe_capacity_factor: l.moe_capacity_factor,
+            param_bytes: l.param_bytes,
+            ep: l.ep,
+            cp: l.cp,
+            cp_comm: l.cp_comm,
+            loss: l.loss,
+            logits_bytes: l.logits_bytes,
+            key_len,
+        }
+    }
+
+    /// The fields' bits: equal bits, equal terms.
+    #[inline(always)]
+    pub fn words(&self) -> [u64; TERMS_KEY_WORDS] {
+        [
+            self.tp,
+            self.sequence_parallel,
+            self.recompute,
+            self.activation_bytes,
+            self.attention,
+            self.fused_swiglu,
+            self.fp8,
+            self.activation_model,
+            self.moe_capacity_factor,
+            self.param_bytes,
+            self.ep,
+            self.cp,
+            self.cp_comm,
+            self.loss,
+            self.logits_bytes,
+            self.key_len,
+        ]
+        .map(f64::to_bits)
+    }
+}
+
+/// What a configuration's estimate needs per token of a micro-batch and per rank: the
+/// activations of a layer, of the head and loss, of multi-token prediction and of the
+/// communication buffers per token, and the parameters a rank holds of each kind of
+/// layer. A function of [`TermsKey`] alone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms {
+    /// How `tp` fits the heads and MLP widths, and `ep` the experts.
+    tp_fit: Result<(), Invalid>,
+    ep_fit: Result<(), Invalid>,
+    korthikanti: bool,
     dense_acts: LayerActs,
     moe_acts: LayerActs,
     /// Bytes per micro-batch of an MoE layer that do not scale with tokens.
     moe_fixed: f64,
-    /// Rotary tables kept per micro-batch (shared by the layers).
-    rotary_per_mb: f64,
     checkpoint: f64,
-    working: f64,
-    embedding_per_mb: f64,
-    logits_per_mb: f64,
-    /// Communication buffers of one layer (EP all-to-all, CP key/value exchange).
-    comm: f64,
-    /// One multi-token-prediction module's activations per micro-batch.
-    mtp_per_mb: f64,
+    /// Full recomputation's working layer, dense and MoE: bytes per token and per
+    /// micro-batch of a layer with nothing recomputed away (unused unless recompute is
+    /// full).
+    working_dense: (f64, f64),
+    working_moe: (f64, f64),
+    embedding_per_token: f64,
+    /// The rotary tables' width and element bytes, when they are kept.
+    rotary: Option<(f64, f64)>,
+    /// Final norm, output projection input and loss per token.
+    head_per_token: f64,
+    /// One multi-token-prediction module per token and per micro-batch.
+    mtp: (f64, f64),
+    /// Communication buffers of one layer per token (EP all-to-all, CP key/value exchange).
+    comm_per_token: f64,
     /// Per-layer (dense, expert) parameters per rank of dense and of MoE layers, and of a
     /// multi-token-prediction module (its layer, norms and projection).
     dense_layer: (f64, f64),
     moe_layer: (f64, f64),
     mtp_module: (f64, f64),
-    dense_group: f64,
-    expert_group: f64,
-    pp: u64,
-    vpp: u64,
-    stages: StageLayers,
+    /// The embedding's (and an untied output layer's) parameters per rank.
+    embedding_per_rank: f64,
 }
 
-impl<'a> Config<'a> {
-    /// Inlined: a grid builds one for every cell, and a `Config` returned through memory
-    /// stalled when its fields were read back in pairs over their fresh stores.
-    #[inline(always)]
-    fn new(prep: &'a Prepared, l: &'a Layout, stages: StageLayers) -> Self {
+impl Terms {
+    /// The terms of `l`'s key.
+    pub fn of(prep: &Prepared, l: &Layout) -> Self {
+        Terms::new(prep, &TermsKey::new(l))
+    }
+
+    fn new(prep: &Prepared, k: &TermsKey) -> Self {
         let spec = &prep.spec;
-        let t = l.tp;
-        let sp = l.sequence_parallel == 1.0 && t > 1.0;
-        let recompute = l.recompute_mode();
+        let t = k.tp;
+        let sp = k.sequence_parallel == 1.0 && t > 1.0;
+        let recompute = Recompute::from_code(k.recompute);
         let selective = recompute == Recompute::Selective;
-        let e = l.activation_bytes;
-        let copies = spec.top_k as f64 * capacity_multiple(l.moe_capacity_factor);
+        let e = k.activation_bytes;
+        let copies = spec.top_k as f64 * capacity_multiple(k.moe_capacity_factor);
         let c = ActCtx {
             e,
             t,
             rep: if sp { t } else { 1.0 },
             kv_per_rank: (spec.num_kv_heads as f64 / t).max(1.0),
-            key_len: cp_rank_tokens(l.seq_len, l.cp),
-            eager: l.attention == 1.0,
-            fused_swiglu: l.fused_swiglu == 1.0,
+            key_len: k.key_len,
+            eager: k.attention == 1.0,
+            fused_swiglu: k.fused_swiglu == 1.0,
             selective,
-            param_bytes: l.param_bytes,
-            lin: if l.fp8 == 1.0 { 1.0 } else { e },
+            param_bytes: k.param_bytes,
+            lin: if k.fp8 == 1.0 { 1.0 } else { e },
             copies,
         };
-        let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let h = spec.hidden_size as f64;
-        let korthikanti = l.activation_model_kind() == ActivationModel::Korthikanti;
+        let korthikanti =
+            ActivationModel::from_code(k.activation_model) == ActivationModel::Korthikanti;
         let acts = Activations::new(spec, c);
 
         // Per-layer activations per token (and per micro-batch for what does not scale with
@@ -504,9 +721,8 @@ impl<'a> Config<'a> {
             (dense_acts, 0.0)
         };
         let checkpoint = if korthikanti { 2.0 * h } else { e * h } / c.rep;
-        let working = if recompute != Recompute::Full || korthikanti {
-            0.0
-        } else {
+        let (mut working_dense, mut working_moe) = ((0.0, 0.0), (0.0, 0.0));
+        if recompute == Recompute::Full && !korthikanti {
             let full = Activations::new(
                 spec,
                 ActCtx {
@@ -516,36 +732,34 @@ impl<'a> Config<'a> {
             );
             let layer = |moe: bool| {
                 let (per_token, fixed) = full.layer(moe);
-                tokens * per_token.total() + fixed
+                (per_token.total(), fixed)
             };
-            let has_dense = !spec.is_moe() || spec.first_dense_layers > 0;
-            let dense = if has_dense { layer(false) } else { 0.0 };
-            let moe = if spec.is_moe() { layer(true) } else { 0.0 };
-            dense.max(moe)
-        };
-        let embedding_per_mb = if korthikanti { h / c.rep } else { 8.0 } * tokens;
-        let rotary_per_mb = if korthikanti || recompute == Recompute::Full {
-            0.0
+            if !spec.is_moe() || spec.first_dense_layers > 0 {
+                working_dense = layer(false);
+            }
+            if spec.is_moe() {
+                working_moe = layer(true);
+            }
+        }
+        let embedding_per_token = if korthikanti { h / c.rep } else { 8.0 };
+        // Kept unless full recomputation rebuilds them ([`Config::new`] leaves them out then).
+        let rotary = if korthikanti {
+            None
         } else {
-            acts.rotary_tables(c.key_len)
+            acts.rotary_table_widths()
         };
         // The loss keeps the logits (`logits_bytes`, vocabulary-parallel) and the labels; a
         // fused cross-entropy keeps only an fp32 log-sum-exp per token.
-        let loss_per_token = if l.loss == 1.0 {
+        let loss_per_token = if k.loss == 1.0 {
             4.0
         } else {
-            l.logits_bytes * spec.vocab_size as f64 / t
+            k.logits_bytes * spec.vocab_size as f64 / t
         } + 8.0;
-        let logits_per_mb = if korthikanti {
-            0.0
-        } else {
-            tokens * (acts.head() + loss_per_token)
-        };
         // A multi-token-prediction module: two norms, the projection's input (2h), a layer
         // like the last, and its own head and loss.
         let mtp_moe = spec.is_moe() && spec.num_layers > spec.first_dense_layers;
-        let mtp_per_mb = if korthikanti || spec.mtp_layers == 0 {
-            0.0
+        let mtp = if korthikanti || spec.mtp_layers == 0 {
+            (0.0, 0.0)
         } else {
             let (layer, fixed) = if recompute == Recompute::Full {
                 (checkpoint, 0.0)
@@ -553,50 +767,132 @@ impl<'a> Config<'a> {
                 let (layer, fixed) = kept(mtp_moe);
                 (layer.total(), fixed)
             };
-            tokens * (acts.mtp_inputs() + layer + acts.head() + loss_per_token) + fixed
+            (
+                acts.mtp_inputs() + layer + acts.head() + loss_per_token,
+                fixed,
+            )
         };
-        let per_token = if korthikanti {
+        let comm_per_token = if korthikanti {
             0.0
         } else {
-            acts.comm_buffers(l.ep, l.cp, CpComm::from_code(l.cp_comm))
-        };
-        // No buffer is no bytes, even for a token count that overflowed to infinity
-        // (infinity x 0 would make the whole estimate NaN).
-        let comm = if per_token == 0.0 {
-            0.0
-        } else {
-            tokens * per_token
+            acts.comm_buffers(k.ep, k.cp, CpComm::from_code(k.cp_comm))
         };
         let kv_fraction = c.kv_per_rank / spec.num_kv_heads as f64;
-        let (mtp_dense, mtp_experts) = prep.mtp_layer.per_rank(t, l.ep, kv_fraction);
-        let dense_group = l.dp * l.cp;
-        let pp = l.pp as u64;
-        let vpp = l.vpp as u64;
-        Config {
-            prep,
-            l,
-            recompute,
-            tokens,
+        let (mtp_dense, mtp_experts) = prep.mtp_layer.per_rank(t, k.ep, kv_fraction);
+        Terms {
+            tp_fit: tp_fit(spec, t),
+            ep_fit: ep_fit(spec, k.ep),
+            korthikanti,
             dense_acts,
             moe_acts,
             moe_fixed,
-            rotary_per_mb,
             checkpoint,
-            working,
-            embedding_per_mb,
-            logits_per_mb,
-            comm,
-            mtp_per_mb,
-            dense_layer: prep.dense_layer.per_rank(t, l.ep, kv_fraction),
-            moe_layer: prep.moe_layer.per_rank(t, l.ep, kv_fraction),
+            working_dense,
+            working_moe,
+            embedding_per_token,
+            rotary,
+            head_per_token: acts.head() + loss_per_token,
+            mtp,
+            comm_per_token,
+            dense_layer: prep.dense_layer.per_rank(t, k.ep, kv_fraction),
+            moe_layer: prep.moe_layer.per_rank(t, k.ep, kv_fraction),
             mtp_module: (
                 mtp_dense + prep.mtp_norms + prep.mtp_projection / t,
                 mtp_experts,
             ),
+            embedding_per_rank: prep.embedding / t,
+        }
+    }
+}
+
+/// What the stages of one valid configuration share.
+struct Config<'a> {
+    prep: &'a Prepared,
+    l: &'a Layout,
+    terms: &'a Terms,
+    tokens: f64,
+    /// Rotary tables kept per micro-batch (shared by the layers).
+    rotary_per_mb: f64,
+    working: f64,
+    embedding_per_mb: f64,
+    logits_per_mb: f64,
+    /// Communication buffers of one layer (EP all-to-all, CP key/value exchange).
+    comm: f64,
+    /// One multi-token-prediction module's activations per micro-batch.
+    mtp_per_mb: f64,
+    dense_group: f64,
+    expert_group: f64,
+    pp: u64,
+    vpp: u64,
+    stages: StageLayers,
+}
+
+impl<'a> Config<'a> {
+    /// Inlined: a grid builds one for every cell, and a `Config` returned through memory
+    /// stalled when its fields were read back in pairs over their fresh stores.
+    #[inline(always)]
+    fn new(prep: &'a Prepared, l: &'a Layout, terms: &'a Terms, stages: StageLayers) -> Self {
+        let spec = &prep.spec;
+        let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
+        let korthikanti = terms.korthikanti;
+        // What depends on full recomputation is computed either way and chosen by
+        // `full_recompute`, a mask rather than a branch.
+        let full = full_recompute(l);
+        let working = if korthikanti {
+            0.0
+        } else {
+            let layer = |(per_token, fixed): (f64, f64)| tokens * per_token + fixed;
+            let has_dense = !spec.is_moe() || spec.first_dense_layers > 0;
+            let dense = if has_dense {
+                layer(terms.working_dense)
+            } else {
+                0.0
+            };
+            let moe = if spec.is_moe() {
+                layer(terms.working_moe)
+            } else {
+                0.0
+            };
+            let working = dense.max(moe);
+            if full {
+                working
+            } else {
+                0.0
+            }
+        };
+        let rotary = terms.rotary.map_or(0.0, |widths| {
+            rotary_tables(cp_rank_tokens(l.seq_len, l.cp), widths)
+        });
+        let dense_group = l.dp * l.cp;
+        Config {
+            prep,
+            l,
+            terms,
+            tokens,
+            rotary_per_mb: if full { 0.0 } else { rotary },
+            working,
+            embedding_per_mb: terms.embedding_per_token * tokens,
+            logits_per_mb: if korthikanti {
+                0.0
+            } else {
+                tokens * terms.head_per_token
+            },
+            // No buffer is no bytes, even for a token count that overflowed to infinity
+            // (infinity x 0 would make the whole estimate NaN).
+            comm: if terms.comm_per_token == 0.0 {
+                0.0
+            } else {
+                tokens * terms.comm_per_token
+            },
+            mtp_per_mb: if korthikanti || spec.mtp_layers == 0 {
+                0.0
+            } else {
+                tokens * terms.mtp.0 + terms.mtp.1
+            },
             dense_group,
             expert_group: dense_group / l.ep,
-            pp,
-            vpp,
+            pp: l.pp as u64,
+            vpp: l.vpp as u64,
             stages,
         }
     }
@@ -611,7 +907,7 @@ impl<'a> Config<'a> {
         } else {
             layers
         };
-        (dense as f64, (layers - dense) as f64)
+        (count(dense), count(layers - dense))
     }
 
     /// The breakdown of `stage`, which holds `(n_dense, n_moe)` layers. Inlined, for the
@@ -620,24 +916,22 @@ impl<'a> Config<'a> {
     fn stage(&self, stage: u64, (n_dense, n_moe): (f64, f64)) -> Breakdown {
         let (prep, l, spec) = (self.prep, self.l, &self.prep.spec);
         let (pp, vpp) = (self.pp, self.vpp);
-        let t = l.tp;
         let first = stage == 0;
         let last = stage == pp - 1;
 
         // Sharding of model states.
         let z = l.zero;
+        // Divided by 1 below the threshold (exact): a choice of divisor is a mask, where a
+        // branch on `zero`, which varies from cell to cell in a list, was mispredicted.
         let shard = |states: f64, threshold: f64, group: f64| {
-            if z >= threshold {
-                states / group
-            } else {
-                states
-            }
+            states / if z >= threshold { group } else { 1.0 }
         };
-        let mut dense_params = n_dense * self.dense_layer.0 + n_moe * self.moe_layer.0;
-        let mut expert_params = n_dense * self.dense_layer.1 + n_moe * self.moe_layer.1;
+        let terms = self.terms;
+        let mut dense_params = n_dense * terms.dense_layer.0 + n_moe * terms.moe_layer.0;
+        let mut expert_params = n_dense * terms.dense_layer.1 + n_moe * terms.moe_layer.1;
         let mtp = if last { spec.mtp_layers as f64 } else { 0.0 };
         if first {
-            dense_params += prep.embedding / t + prep.positions;
+            dense_params += terms.embedding_per_rank + prep.positions;
         }
         if last {
             // A tied projection is the embedding itself unless the pipeline puts them on
@@ -645,15 +939,15 @@ impl<'a> Config<'a> {
             let head = if spec.tied_embeddings && pp == 1 {
                 0.0
             } else {
-                prep.embedding / t
+                terms.embedding_per_rank
             };
             dense_params += prep.final_norm + head;
             // Multi-token prediction runs on the last stage, which then needs the
             // embedding too (Megatron-LM builds it there when pp > 1).
-            dense_params += mtp * self.mtp_module.0;
-            expert_params += mtp * self.mtp_module.1;
+            dense_params += mtp * terms.mtp_module.0;
+            expert_params += mtp * terms.mtp_module.1;
             if mtp > 0.0 && pp > 1 {
-                dense_params += prep.embedding / t;
+                dense_params += terms.embedding_per_rank;
             }
         }
         let per_param = |bytes: f64, threshold: f64| {
@@ -669,37 +963,42 @@ impl<'a> Config<'a> {
 
         // Micro-batches in flight on this stage, in units of "all the stage's layers once".
         let m = l.grad_accum_steps;
-        let remaining = (pp - stage) as f64;
-        let in_flight = if pp == 1 {
-            1.0
-        } else if vpp == 1 {
+        let remaining = count(pp - stage);
+        // With one stage, both forms give 1 (`m`, when set, is at least 1); `pp` varies
+        // from cell to cell in a list, and a branch on it was mispredicted, as one on
+        // whether `m` is set would be (the choice below is a mask).
+        let in_flight = if vpp == 1 {
+            let capped = remaining.min(m);
             if m > 0.0 {
-                remaining.min(m)
+                capped
             } else {
                 remaining
             }
         } else {
-            let chunks = 2.0 * (remaining - 1.0) + ((vpp - 1) * pp) as f64 + 1.0;
+            let chunks = 2.0 * (remaining - 1.0) + count((vpp - 1) * pp) + 1.0;
             let chunks = if m > 0.0 {
-                chunks.min(m * vpp as f64)
+                chunks.min(m * count(vpp))
             } else {
                 chunks
             };
-            chunks / vpp as f64
+            chunks / count(vpp)
         };
         let layer_tokens = self.tokens * in_flight;
-        let (mut act_attention, mut act_mlp, mut act_norm, mut act_checkpoints) =
-            (0.0, 0.0, 0.0, 0.0);
-        if self.recompute == Recompute::Full {
-            act_checkpoints = layer_tokens * (n_dense + n_moe) * self.checkpoint;
-        } else {
-            let (d, e) = (&self.dense_acts, &self.moe_acts);
-            act_attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention)
-                + in_flight * self.rotary_per_mb;
-            act_mlp = layer_tokens * (n_dense * d.mlp + n_moe * e.mlp)
-                + in_flight * n_moe * self.moe_fixed;
-            act_norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
-        }
+        // What full recomputation keeps and what the other modes keep are both computed,
+        // and `full_recompute` chooses.
+        let full = full_recompute(l);
+        let (d, e) = (&terms.dense_acts, &terms.moe_acts);
+        let checkpoints = layer_tokens * (n_dense + n_moe) * terms.checkpoint;
+        let attention = layer_tokens * (n_dense * d.attention + n_moe * e.attention)
+            + in_flight * self.rotary_per_mb;
+        let mlp =
+            layer_tokens * (n_dense * d.mlp + n_moe * e.mlp) + in_flight * n_moe * terms.moe_fixed;
+        let norm = layer_tokens * (n_dense * d.norm + n_moe * e.norm);
+        let kept = |x: f64| if full { 0.0 } else { x };
+        let act_attention = kept(attention);
+        let act_mlp = kept(mlp);
+        let act_norm = kept(norm);
+        let act_checkpoints = if full { checkpoints } else { 0.0 };
         let act_embedding = if first {
             self.embedding_per_mb * in_flight
         } else {
@@ -739,9 +1038,69 @@ impl<'a> Config<'a> {
             act_working,
             act_comm,
             act_mtp,
-            stage: stage as f64,
+            stage: count(stage),
             layers: n_dense + n_moe,
             cpu_optimizer,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `ceil` is `f64::ceil`, except that what rounds up to zero is +0.0 (as the byte
+    /// counts' integer round trip gave).
+    fn expected_ceil(x: f64) -> f64 {
+        let c = x.ceil();
+        if c == 0.0 {
+            0.0
+        } else {
+            c
+        }
+    }
+
+    #[test]
+    fn ceil_of_edge_values() {
+        let edges = [
+            0.0,
+            -0.0,
+            0.5,
+            -0.5,
+            1.0,
+            1.5,
+            2.5,
+            -2.5,
+            TWO_POW_52 - 0.5,
+            TWO_POW_52,
+            TWO_POW_52 + 1.0,
+            -TWO_POW_52 + 0.5,
+            2f64.powi(63),
+            9.0e18,
+            1e300,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            5e-324,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        for x in edges {
+            assert_eq!(ceil(x).to_bits(), expected_ceil(x).to_bits(), "{x}");
+        }
+        assert!(ceil(f64::NAN).is_nan());
+    }
+
+    proptest! {
+        #[test]
+        fn ceil_is_the_ceiling(x in any::<f64>(), whole in -(1i64 << 53)..(1i64 << 53)) {
+            prop_assume!(!x.is_nan());
+            prop_assert_eq!(ceil(x).to_bits(), expected_ceil(x).to_bits());
+            let near = whole as f64;
+            for y in [near, near + 0.25, near - 0.25, near / 3.0, near * 1e-9] {
+                prop_assert_eq!(ceil(y).to_bits(), expected_ceil(y).to_bits(), "{}", y);
+            }
         }
     }
 }

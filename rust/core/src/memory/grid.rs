@@ -4,24 +4,27 @@
 //! output shape (a stride of 0 repeats a value along that axis, as numpy broadcasting
 //! does), so a grid of millions of cells never materializes its broadcast inputs.
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{
-    check_field, estimate, estimate_checked_fields, estimate_stages, field_rule, Breakdown,
-    FieldRule, Prepared, N_OUTPUT_FIELDS,
+    check_field, estimate, estimate_stages, estimate_with_terms, field_rule, Breakdown, Estimator,
+    FieldRule, Prepared, Terms, KEY_LEN_FIELDS, LIST_KEY_WORDS, N_OUTPUT_FIELDS, TERMS_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
 
-/// The values of one input, as the caller has them: floats, or integers read as floats
-/// where a cell needs them (a list of a million configurations is mostly integer columns,
-/// which are then never copied).
+/// The values of one input, as the caller has them: floats, or integers or booleans read
+/// as floats where a cell needs them (a list of a million configurations is mostly integer
+/// and boolean columns, which are then never copied).
 #[derive(Debug, Clone, Copy)]
 pub enum Values<'a> {
     F64(&'a [f64]),
     I64(&'a [i64]),
+    Bool(&'a [bool]),
 }
 
 impl Values<'_> {
@@ -29,6 +32,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => values.len(),
             Values::I64(values) => values.len(),
+            Values::Bool(values) => values.len(),
         }
     }
 
@@ -42,6 +46,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => values[index],
             Values::I64(values) => values[index] as f64,
+            Values::Bool(values) => f64::from(u8::from(values[index])),
         }
     }
 }
@@ -160,8 +165,9 @@ pub fn estimate_grid(
     Ok(table)
 }
 
-/// Store cell `i`'s estimate (or NaN and its reason) in the block's columns.
-#[inline]
+/// Store cell `i`'s estimate (or NaN and its reason) in the block's columns. Inlined, so
+/// that the breakdown goes from registers to the columns rather than through a copy.
+#[inline(always)]
 fn store(
     columns: &mut [&mut [f64]],
     reason: &mut u8,
@@ -202,17 +208,76 @@ fn estimate_broadcast(
                 .collect()
         })
         .collect();
-    for_each_block(table, |first, columns, reasons| {
-        let mut cursor = Cursor::new(shape, inputs, &field_reasons);
+    let terms_table = TermsTable::new(shape, inputs);
+    let no_radix = vec![0; shape.len()];
+    let radix = terms_table.as_ref().map_or(&no_radix, |t| &t.radix);
+    for_each_block(prepared, table, |estimator, first, columns, reasons| {
+        let mut cursor = Cursor::new(shape, inputs, &field_reasons, radix);
         for (i, reason) in reasons.iter_mut().enumerate() {
             cursor.seek(first + i);
-            let estimate = match cursor.field_reason() {
-                0 => estimate_checked_fields(prepared, cursor.layout()),
-                code => Err(INVALID_REASONS[usize::from(code) - 1]),
+            let estimate = match (cursor.field_reason(), &terms_table) {
+                (0, Some(terms_table)) => {
+                    let layout = cursor.layout();
+                    let terms = terms_table.entries[cursor.terms_index]
+                        .get_or_init(|| Terms::of(prepared, layout));
+                    estimate_with_terms(prepared, layout, terms)
+                }
+                (0, None) => estimator.estimate_checked_fields(cursor.layout()),
+                (code, _) => Err(INVALID_REASONS[usize::from(code) - 1]),
             };
             store(columns, reason, i, estimate);
         }
     });
+}
+
+/// Entries of a [`TermsTable`] at most: past this, the cells are looked up by key.
+const MAX_TABLED_TERMS: usize = 1 << 12;
+
+/// The [`Terms`] of a broadcast grid's cells by the cell's indices along the axes that the
+/// fields the terms depend on vary along: cells with the same indices on those axes share
+/// their terms, computed by the first cell that needs them. A [`Cursor`] keeps the index
+/// of its cell's entry as it moves, so a cell finds its terms without reading the fields.
+struct TermsTable {
+    /// Per axis, how far the entry index moves when the cell's index on that axis grows
+    /// by one (0 on axes the terms do not depend on).
+    radix: Vec<usize>,
+    entries: Vec<OnceLock<Terms>>,
+}
+
+impl TermsTable {
+    /// `None` when the terms vary over more than [`MAX_TABLED_TERMS`] combinations.
+    fn new(shape: &[usize], inputs: &[GridInput<'_>]) -> Option<Self> {
+        let depends = terms_fields(inputs);
+        let mut radix = vec![0; shape.len()];
+        let mut entries = 1usize;
+        for d in (0..shape.len()).rev() {
+            let along = inputs
+                .iter()
+                .zip(depends)
+                .any(|(input, depends)| input.strides[d] != 0 && depends);
+            if along {
+                radix[d] = entries;
+                entries = entries
+                    .checked_mul(shape[d])
+                    .filter(|&n| n <= MAX_TABLED_TERMS)?;
+            }
+        }
+        Some(TermsTable {
+            radix,
+            entries: (0..entries).map(|_| OnceLock::new()).collect(),
+        })
+    }
+}
+
+/// Which fields the [`Terms`] of a grid's cells depend on: those of [`TERMS_FIELDS`], and
+/// `seq_len` where some cell's attention is eager or its activation model `korthikanti`.
+fn terms_fields(inputs: &[GridInput<'_>]) -> [bool; N_LAYOUT_FIELDS] {
+    let (seq_len, switches) = KEY_LEN_FIELDS;
+    let key_len_used = switches.iter().any(|&field| {
+        let data = inputs[field].data;
+        (0..data.len()).any(|i| data.get(i) == 1.0)
+    });
+    std::array::from_fn(|field| TERMS_FIELDS.contains(&field) || (key_len_used && field == seq_len))
 }
 
 /// A list of independent configurations: every input is a scalar or a column with one
@@ -220,31 +285,50 @@ fn estimate_broadcast(
 /// cell with a bad value looks for the first bad field in field order. No cursor
 /// bookkeeping, no per-value tables.
 fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut GridTable) {
+    let depends = terms_fields(inputs);
     let mut scalars = Layout::default();
     let mut scalars_ok = true;
-    let mut columns_of: Vec<(usize, FieldRule, Values<'_>)> = Vec::new();
+    // Per column: its field, its rule, its values, and the word of the cell's list key it
+    // sets (`LIST_KEY_WORDS`, a word outside the key, for a column the terms do not depend
+    // on): cells of a list that agree on these columns agree on every field the terms
+    // depend on, since the others are scalars.
+    let mut columns_of: Vec<(usize, FieldRule, Values<'_>, usize)> = Vec::new();
+    let mut key_words = 0;
     for (field, input) in inputs.iter().enumerate() {
         let (rule, _) = field_rule(field);
         if input.strides[0] == 0 {
             scalars.set(field, input.data.get(0));
             scalars_ok &= rule.accepts(input.data.get(0));
         } else {
-            columns_of.push((field, rule, input.data));
+            let word = if depends[field] {
+                key_words += 1;
+                key_words - 1
+            } else {
+                LIST_KEY_WORDS
+            };
+            columns_of.push((field, rule, input.data, word.min(LIST_KEY_WORDS)));
         }
     }
-    for_each_block(table, |first, columns, reasons| {
+    let list_key = key_words <= LIST_KEY_WORDS;
+    for_each_block(prepared, table, |estimator, first, columns, reasons| {
         let mut layout = scalars;
+        let mut key = [0u64; LIST_KEY_WORDS + 1];
         for (i, reason) in reasons.iter_mut().enumerate() {
             let mut ok = scalars_ok;
-            for &(field, rule, data) in &columns_of {
+            for &(field, rule, data, word) in &columns_of {
                 let x = data.get(first + i);
                 ok &= rule.accepts(x);
                 layout.set(field, x);
+                key[word] = x.to_bits();
             }
-            let estimate = if ok {
-                estimate_checked_fields(prepared, &layout)
-            } else {
+            let estimate = if !ok {
                 Err(first_bad_field(&layout))
+            } else if list_key {
+                let mut words = [0; LIST_KEY_WORDS];
+                words.copy_from_slice(&key[..LIST_KEY_WORDS]);
+                estimator.estimate_list_cell(&layout, words)
+            } else {
+                estimator.estimate_checked_fields(&layout)
             };
             store(columns, reason, i, estimate);
         }
@@ -261,11 +345,12 @@ fn first_bad_field(layout: &Layout) -> Invalid {
         .unwrap_or(Invalid::Bytes)
 }
 
-/// Run `work(first_cell, columns, reasons)` over blocks of [`CHUNK`] cells in parallel,
-/// each block holding its slice of every column.
-fn for_each_block<F>(table: &mut GridTable, work: F)
+/// Run `work(estimator, first_cell, columns, reasons)` over blocks of [`CHUNK`] cells in
+/// parallel, each block holding its slice of every column, and each worker an
+/// [`Estimator`] that it keeps from block to block.
+fn for_each_block<F>(prepared: &Prepared, table: &mut GridTable, work: F)
 where
-    F: Fn(usize, &mut [&mut [f64]], &mut [u8]) + Sync,
+    F: Fn(&mut Estimator<'_>, usize, &mut [&mut [f64]], &mut [u8]) + Sync,
 {
     let cells = table.reasons.len();
     if cells == 0 {
@@ -284,10 +369,10 @@ where
             (block, reasons)
         })
         .collect();
-    blocks
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(b, (mut block, reasons))| work(b * CHUNK, &mut block, reasons));
+    blocks.into_par_iter().enumerate().for_each_init(
+        || Estimator::new(prepared),
+        |estimator, (b, (mut block, reasons))| work(estimator, b * CHUNK, &mut block, reasons),
+    );
 }
 
 // `Cursor::bad_fields` has a bit per layout field.
@@ -312,10 +397,19 @@ struct Cursor<'s, 'a> {
     bad_fields: u32,
     /// The flat cell the cursor is on (`usize::MAX` before the first seek).
     cell: usize,
+    /// Per axis, the step of [`Cursor::terms_index`] (a [`TermsTable`]'s radix).
+    terms_radix: &'s [usize],
+    /// The cell's entry in the grid's [`TermsTable`].
+    terms_index: usize,
 }
 
 impl<'s, 'a> Cursor<'s, 'a> {
-    fn new(shape: &'s [usize], inputs: &'s [GridInput<'a>], field_reasons: &'s [Vec<u8>]) -> Self {
+    fn new(
+        shape: &'s [usize],
+        inputs: &'s [GridInput<'a>],
+        field_reasons: &'s [Vec<u8>],
+        terms_radix: &'s [usize],
+    ) -> Self {
         let moving = (0..shape.len())
             .map(|d| {
                 inputs
@@ -336,6 +430,8 @@ impl<'s, 'a> Cursor<'s, 'a> {
             layout: Layout::default(),
             bad_fields: 0,
             cell: usize::MAX,
+            terms_radix,
+            terms_index: 0,
         }
     }
 
@@ -359,6 +455,12 @@ impl<'s, 'a> Cursor<'s, 'a> {
                 self.offsets[field] = offset;
                 self.load(field);
             }
+            self.terms_index = self
+                .index
+                .iter()
+                .zip(self.terms_radix)
+                .map(|(i, r)| i * r)
+                .sum();
         }
         self.cell = cell;
     }
@@ -370,6 +472,9 @@ impl<'s, 'a> Cursor<'s, 'a> {
             let wrapped = self.index[d] == self.shape[d];
             if wrapped {
                 self.index[d] = 0;
+                self.terms_index -= self.terms_radix[d] * (self.shape[d] - 1);
+            } else {
+                self.terms_index += self.terms_radix[d];
             }
             for k in 0..self.moving[d].len() {
                 let (field, stride) = self.moving[d][k];
@@ -434,36 +539,80 @@ pub fn estimate_one(
 }
 
 /// For each fixed-width string of `text` (`width` code points each, padded with zeros, as
-/// numpy stores `<U` arrays), the code of the name it equals (`codes[i]` for `names[i]`),
-/// or NaN. Parallel, one comparison of a few code points per name, instead of a dictionary
-/// look-up per value.
+/// numpy stores `<U` arrays), the code of the first name it equals (`codes[i]` for
+/// `names[i]`), or NaN. Parallel, a few vector comparisons per name, instead of a
+/// dictionary look-up per value.
 pub fn name_codes(text: &[u32], width: usize, names: &[Vec<u32>], codes: &[f64]) -> Vec<f64> {
     if width == 0 {
         return Vec::new();
     }
-    let padded: Vec<Vec<u32>> = names
+    // The names padded to the strings' width (a longer name equals none of them), the last
+    // first, so that the first of equal names is the one that stays.
+    let padded: Vec<(Vec<u32>, f64)> = names
         .iter()
-        .map(|name| {
+        .zip(codes)
+        .rev()
+        .filter(|(name, _)| name.len() <= width)
+        .map(|(name, &code)| {
             let mut row = name.clone();
-            row.resize(width.max(name.len()), 0);
-            row
+            row.resize(width, 0);
+            (row, code)
         })
         .collect();
-    let mut found = vec![f64::NAN; text.len() / width];
-    found
+    // Every element is written below: lazily zeroed pages, not a pass that fills them.
+    let mut found = zeroed_vec!(f64, text.len() / width);
+    let rows = found
         .par_chunks_mut(CHUNK)
-        .zip(text.par_chunks(CHUNK * width))
-        .for_each(|(found, text)| {
-            for (code, row) in found.iter_mut().zip(text.chunks_exact(width)) {
-                // The first code point rules out most names without a full comparison.
-                let name = padded
-                    .iter()
-                    .zip(codes)
-                    .find(|(name, _)| name[0] == row[0] && name[..] == *row);
-                if let Some((_, &known)) = name {
-                    *code = known;
-                }
+        .zip(text.par_chunks(CHUNK * width));
+    // Names are short: a width known at compile time makes each comparison a few vector
+    // instructions instead of a loop over code points.
+    macro_rules! with_width {
+        ($($w:literal)*) => {
+            match width {
+                $($w => rows.for_each(|(found, text)| codes_of::<$w>(found, text, &padded)),)*
+                _ => rows.for_each(|(found, text)| codes_of_any_width(found, text, width, &padded)),
             }
-        });
+        };
+    }
+    with_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
     found
+}
+
+/// [`name_codes`] of a block of `W`-wide strings. Every name is compared in full, with no
+/// branch on which one matches: a column's names come in no order a predictor learns.
+fn codes_of<const W: usize>(found: &mut [f64], text: &[u32], padded: &[(Vec<u32>, f64)]) {
+    let names: Vec<([u32; W], f64)> = padded
+        .iter()
+        .filter_map(|(name, code)| Some(((name[..]).try_into().ok()?, *code)))
+        .collect();
+    for (code, row) in found.iter_mut().zip(text.chunks_exact(W)) {
+        let Ok(row) = <&[u32; W]>::try_from(row) else {
+            continue;
+        };
+        let bits = names
+            .iter()
+            .fold(f64::NAN.to_bits(), |bits, (name, known)| {
+                let differs = name.iter().zip(row).fold(0, |d, (a, b)| d | (a ^ b));
+                // All ones where the name matches: a mask, which the compiler keeps as one.
+                let matches = u64::from(differs == 0).wrapping_neg();
+                (known.to_bits() & matches) | (bits & !matches)
+            });
+        *code = f64::from_bits(bits);
+    }
+}
+
+/// [`codes_of`] for strings of any width.
+fn codes_of_any_width(found: &mut [f64], text: &[u32], width: usize, padded: &[(Vec<u32>, f64)]) {
+    for (code, row) in found.iter_mut().zip(text.chunks_exact(width)) {
+        *code = padded.iter().fold(
+            f64::NAN,
+            |code, (name, known)| {
+                if name[..] == *row {
+                    *known
+                } else {
+                    code
+                }
+            },
+        );
+    }
 }

@@ -50,6 +50,17 @@ pub enum Recompute {
     Full,
 }
 
+impl Recompute {
+    /// The mode of a `recompute` code (0, 1 or 2; validated before).
+    pub fn from_code(code: f64) -> Self {
+        match code as u8 {
+            1 => Recompute::Selective,
+            2 => Recompute::Full,
+            _ => Recompute::None,
+        }
+    }
+}
+
 /// Which activation formula to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActivationModel {
@@ -57,6 +68,17 @@ pub enum ActivationModel {
     Modern,
     /// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models".
     Korthikanti,
+}
+
+impl ActivationModel {
+    /// The model of an `activation_model` code (0 or 1; validated before).
+    pub fn from_code(code: f64) -> Self {
+        if code == 1.0 {
+            ActivationModel::Korthikanti
+        } else {
+            ActivationModel::Modern
+        }
+    }
 }
 
 /// One configuration: parallel layout, batch shape, precisions and modelling options.
@@ -244,19 +266,11 @@ impl Layout {
     }
 
     pub fn recompute_mode(&self) -> Recompute {
-        match self.recompute as u8 {
-            1 => Recompute::Selective,
-            2 => Recompute::Full,
-            _ => Recompute::None,
-        }
+        Recompute::from_code(self.recompute)
     }
 
     pub fn activation_model_kind(&self) -> ActivationModel {
-        if self.activation_model == 1.0 {
-            ActivationModel::Korthikanti
-        } else {
-            ActivationModel::Modern
-        }
+        ActivationModel::from_code(self.activation_model)
     }
 }
 

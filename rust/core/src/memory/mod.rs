@@ -8,6 +8,7 @@ pub mod activations;
 pub mod estimate;
 pub mod grid;
 pub mod layout;
+mod memo;
 pub mod pipeline;
 pub mod spec;
 

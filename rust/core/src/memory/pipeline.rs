@@ -295,6 +295,12 @@ impl StageLayers {
             .sum()
     }
 
+    /// Whether every stage between the first and the last holds as many layers as the
+    /// first.
+    pub fn middle_stages_like_first(&self) -> bool {
+        self.size(MIDDLE) * self.vpp() == self.stage_layers(0)
+    }
+
     /// How many of stage `stage`'s layers are among the model's first `leading` layers.
     pub fn leading_layers_on(&self, stage: u64, leading: u64) -> u64 {
         (0..self.vpp())

@@ -834,6 +834,26 @@ fn pipeline_splits_of_published_layouts() {
     assert_eq!(interleaved.stage_layers(7), 8);
 }
 
+#[test]
+fn huge_pipeline_degrees_are_an_invalid_cell() {
+    // `pp * vpp` wrapped to 0 for these (a division by zero); such a cell is invalid.
+    let huge = 1u64 << 33;
+    let mut layout = Layout {
+        pp: huge as f64,
+        vpp: huge as f64,
+        ..Layout::default()
+    };
+    assert_eq!(
+        estimate_one(&llama_8b(), &layout).unwrap(),
+        Err(Invalid::PpLayers)
+    );
+    layout.vpp = 1.0;
+    assert_eq!(
+        estimate_one(&llama_8b(), &layout).unwrap(),
+        Err(Invalid::PpLayers)
+    );
+}
+
 /// Megatron-LM's `get_num_layers_to_build` and `get_transformer_layer_offset` for one
 /// virtual stage, transcribed (vpp given explicitly; `first`/`last` 0 when not set).
 fn megatron_chunk(
@@ -1088,6 +1108,30 @@ fn name_codes_match_whole_fixed_width_names() {
     assert_eq!(found[0], 2.0);
     assert_eq!(found[1], 0.0);
     assert!(name_codes(&[], 4, &names, &codes).is_empty());
+    // Every width: those known at compile time and the others, a name as long as the
+    // strings, one longer, and the first of two equal names.
+    let with_twins: Vec<Vec<u32>> = ["full", "none", "none", "selective_selective"]
+        .iter()
+        .map(|s| s.chars().map(u32::from).collect())
+        .collect();
+    for width in 4..=24 {
+        let words = ["none", "full", "nonf", "", "selective_selective"];
+        let fitting: Vec<&str> = words.iter().copied().filter(|w| w.len() <= width).collect();
+        let text: Vec<u32> = fitting.iter().flat_map(|w| row(w, width)).collect();
+        let found = name_codes(&text, width, &with_twins, &[0.0, 1.0, 2.0, 3.0]);
+        let expected: Vec<u64> = fitting
+            .iter()
+            .map(|w| match *w {
+                "none" => 1.0,
+                "full" => 0.0,
+                "selective_selective" => 3.0,
+                _ => f64::NAN,
+            })
+            .map(f64::to_bits)
+            .collect();
+        let found: Vec<u64> = found.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(found, expected, "width {width}");
+    }
     // Many rows, across parallel chunks.
     let many: Vec<u32> = (0..10_000)
         .flat_map(|i| row(["none", "full"][i % 2], 9))
@@ -1097,6 +1141,269 @@ fn name_codes_match_whole_fixed_width_names() {
         .iter()
         .enumerate()
         .all(|(i, &x)| x == [7.0, 9.0][i % 2]));
+}
+
+/// Values each layout field takes in the tests that vary every field, the default first:
+/// mostly valid, some that do not fit every model (cp 3 pads, pp 4 with explicit first and
+/// last stages may not split).
+const FIELD_VALUES: [&[f64]; N_LAYOUT_FIELDS] = [
+    &[512.0, 1000.0, 4096.0],
+    &[1.0, 2.0, 3.0],
+    &[1.0, 2.0, 4.0, 8.0],
+    &[1.0, 2.0, 4.0],
+    &[1.0, 2.0, 4.0],
+    &[1.0, 2.0, 3.0],
+    &[1.0, 2.0, 4.0],
+    &[1.0, 2.0],
+    &[0.0, 1.0, 2.0, 3.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0, 2.0],
+    &[0.0, 1.0, 3.0, 8.0],
+    &[2.0, 1.0, 4.0],
+    &[2.0, 4.0],
+    &[0.0, 4.0],
+    &[4.0, 0.0],
+    &[8.0, 0.0, 4.0],
+    &[2.0, 1.0, 4.0],
+    &[4.0, 2.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0],
+    &[0.0, 1e9],
+    &[0.0, 0.0, 2.0],
+    &[0.0, 0.0, 1.0],
+    &[0.0, 1.0, 2.0, 3.0, 4.0],
+    &[0.0, 1.25],
+    &[0.0, 1.0, 2.0],
+    &[0.0, 1.0],
+    &[0.0, 1.0],
+    &[0.0, 0.5],
+];
+
+/// An index into a field's [`FIELD_VALUES`] (modulo their number), the first (a default
+/// that fits every model) half of the time, so that many configurations are valid.
+fn value_pick() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(0usize), 0usize..60]
+}
+
+/// Models that take every branch of the formulas: Hugging Face and fused kernels, dense,
+/// MoE with a sigmoid grouped router, MLA with multi-token prediction, GPT-style blocks.
+fn every_kind_of_model() -> Vec<ModelSpec> {
+    let small = |spec: ModelSpec| ModelSpec {
+        num_layers: 16,
+        ..spec
+    };
+    vec![
+        small(ModelSpec {
+            implementation: Implementation::Hf,
+            num_kv_heads: 4,
+            ..llama_8b()
+        }),
+        small(mixtral()),
+        ModelSpec {
+            num_layers: 16,
+            first_dense_layers: 1,
+            mtp_layers: 1,
+            implementation: Implementation::Hf,
+            ..deepseek_v3()
+        },
+        small(ModelSpec {
+            ffn_type: FfnType::Gelu,
+            norm: NormType::LayerNorm,
+            learned_positions: 2048,
+            tied_embeddings: true,
+            linear_bias: true,
+            num_kv_heads: 32,
+            ..llama_8b()
+        }),
+    ]
+}
+
+/// The layout of every cell of a grid whose field `f` takes `values[f][index[axes[f]]]`
+/// (`axes[f]` None: its only value), the last axis fastest.
+fn cell_layouts(shape: &[usize], axes: &[Option<usize>], values: &[Vec<f64>]) -> Vec<Layout> {
+    let cells: usize = shape.iter().product();
+    (0..cells)
+        .map(|cell| {
+            let mut index = vec![0; shape.len()];
+            let mut rest = cell;
+            for d in (0..shape.len()).rev() {
+                index[d] = rest % shape[d];
+                rest /= shape[d];
+            }
+            let mut row = [0.0; N_LAYOUT_FIELDS];
+            for (f, value) in row.iter_mut().enumerate() {
+                *value = values[f][axes[f].map_or(0, |a| index[a])];
+            }
+            Layout::from_values(&row)
+        })
+        .collect()
+}
+
+/// Every cell of `out` equals the single estimate of its layout (or its reason).
+fn assert_cells_are_single_estimates(
+    spec: &ModelSpec,
+    out: &GridTable,
+    layouts: &[Layout],
+) -> std::result::Result<usize, TestCaseError> {
+    prop_assert_eq!(out.cells(), layouts.len());
+    let mut valid = 0;
+    for (i, layout) in layouts.iter().enumerate() {
+        let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[i]).collect();
+        match estimate_one(spec, layout).unwrap() {
+            Ok(b) => {
+                prop_assert_eq!(out.reasons[i], 0, "cell {} {:?}", i, layout);
+                prop_assert_eq!(row, b.to_values().to_vec(), "cell {} {:?}", i, layout);
+                valid += 1;
+            }
+            Err(reason) => prop_assert_eq!(out.reasons[i], reason.code(), "cell {}", i),
+        }
+    }
+    Ok(valid)
+}
+
+proptest! {
+    /// Each configuration followed by its variants in one field: what a grid computes once
+    /// for cells that share the fields it depends on must not miss a field it also depends
+    /// on (a variant would then get its configuration's values).
+    #[test]
+    fn cells_differing_in_any_one_field_equal_single_estimates(
+        picks in prop::collection::vec(prop::array::uniform31(value_pick()), 1..12),
+    ) {
+        let mut rows = Vec::new();
+        for pick in &picks {
+            let base: [f64; N_LAYOUT_FIELDS] =
+                std::array::from_fn(|f| FIELD_VALUES[f][pick[f] % FIELD_VALUES[f].len()]);
+            rows.push(base);
+            for f in 0..N_LAYOUT_FIELDS {
+                let mut variant = base;
+                variant[f] = FIELD_VALUES[f][(pick[f] + 1) % FIELD_VALUES[f].len()];
+                rows.push(variant);
+                rows.push(base);
+            }
+        }
+        let columns: Vec<Vec<f64>> =
+            (0..N_LAYOUT_FIELDS).map(|f| rows.iter().map(|row| row[f]).collect()).collect();
+        let n = rows.len();
+        let layouts = cell_layouts(&[n], &[Some(0); N_LAYOUT_FIELDS], &columns);
+        for spec in every_kind_of_model() {
+            // As a list of configurations, and as a two-dimensional broadcast of the same
+            // cells (another path through the grid).
+            let list: Vec<GridInput> = columns
+                .iter()
+                .map(|c| GridInput { data: c[..].into(), strides: &[1] })
+                .collect();
+            let out = estimate_grid(&spec, &[n], &list).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+            let broadcast: Vec<GridInput> = columns
+                .iter()
+                .map(|c| GridInput { data: c[..].into(), strides: &[1, 0] })
+                .collect();
+            let out = estimate_grid(&spec, &[n, 1], &broadcast).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+        }
+    }
+
+    /// A list whose columns are a few fields, the others scalars: its cells find their
+    /// shared terms by the columns alone when few of them matter, which must not confuse
+    /// cells that differ in a field the terms depend on.
+    #[test]
+    fn lists_of_a_few_columns_equal_single_estimates(
+        is_column in prop::array::uniform31(prop::bool::weighted(0.2)),
+        scalar_picks in prop::array::uniform31(value_pick()),
+        cells in prop::collection::vec(prop::array::uniform31(0usize..60), 1..40),
+    ) {
+        let n = cells.len();
+        let values: Vec<Vec<f64>> = (0..N_LAYOUT_FIELDS)
+            .map(|f| {
+                let known = FIELD_VALUES[f];
+                if is_column[f] {
+                    cells.iter().map(|pick| known[pick[f] % known.len()]).collect()
+                } else {
+                    vec![known[scalar_picks[f] % known.len()]]
+                }
+            })
+            .collect();
+        let strides: Vec<[usize; 1]> =
+            (0..N_LAYOUT_FIELDS).map(|f| [usize::from(is_column[f])]).collect();
+        let axes: Vec<Option<usize>> = (0..N_LAYOUT_FIELDS).map(|f| is_column[f].then_some(0)).collect();
+        let layouts = cell_layouts(&[n], &axes, &values);
+        let list: Vec<GridInput> = values
+            .iter()
+            .zip(&strides)
+            .map(|(v, s)| GridInput { data: v[..].into(), strides: s })
+            .collect();
+        for spec in every_kind_of_model() {
+            let out = estimate_grid(&spec, &[n], &list).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+        }
+    }
+
+    /// A broadcast grid with a few fields on three axes, the others scalars, and one field
+    /// alone on a fourth axis: a grid shares what an estimate computes from some fields
+    /// between cells that differ only along other axes, which must not hide that field.
+    #[test]
+    fn broadcast_grids_of_every_field_equal_single_estimates(
+        some_axes in prop::array::uniform31(prop::option::weighted(0.15, 0usize..3)),
+        alone in 0..N_LAYOUT_FIELDS,
+        picks in prop::array::uniform31(value_pick()),
+        (shape, alone_values) in (prop::array::uniform3(1usize..4), 2usize..4),
+    ) {
+        let mut axes = some_axes;
+        axes[alone] = Some(3);
+        let shape = [shape[0], shape[1], shape[2], alone_values];
+        let values: Vec<Vec<f64>> = (0..N_LAYOUT_FIELDS)
+            .map(|f| {
+                // Consecutive values of the field's list: distinct along an axis.
+                let n = axes[f].map_or(1, |a| shape[a]);
+                let known = FIELD_VALUES[f];
+                (0..n).map(|i| known[(picks[f] + i) % known.len()]).collect()
+            })
+            .collect();
+        let strides: Vec<[usize; 4]> = axes
+            .iter()
+            .map(|axis| {
+                let mut s = [0; 4];
+                if let Some(a) = axis {
+                    s[*a] = 1;
+                }
+                s
+            })
+            .collect();
+        let inputs: Vec<GridInput> = values
+            .iter()
+            .zip(&strides)
+            .map(|(v, s)| GridInput { data: v[..].into(), strides: s })
+            .collect();
+        let layouts = cell_layouts(&shape, &axes, &values);
+        for spec in every_kind_of_model() {
+            let out = estimate_grid(&spec, &shape, &inputs).unwrap();
+            assert_cells_are_single_estimates(&spec, &out, &layouts)?;
+        }
+    }
+}
+
+#[test]
+fn the_terms_key_holds_exactly_its_listed_fields() {
+    use crate::memory::estimate::{TermsKey, KEY_LEN_FIELDS, TERMS_FIELDS};
+    let (seq_len, switches) = KEY_LEN_FIELDS;
+    for eager in [false, true] {
+        let mut base = Layout::default().to_values();
+        base[switches[0]] = f64::from(u8::from(eager));
+        let key = TermsKey::new(&Layout::from_values(&base)).words();
+        for field in 0..N_LAYOUT_FIELDS {
+            let mut changed = base;
+            changed[field] = FIELD_VALUES[field]
+                .iter()
+                .copied()
+                .find(|&v| v != base[field])
+                .unwrap();
+            // Switching eager attention or korthikanti on brings in the sequence length.
+            let listed = TERMS_FIELDS.contains(&field) || (eager && field == seq_len);
+            let moved = TermsKey::new(&Layout::from_values(&changed)).words() != key;
+            assert_eq!(moved, listed, "{} (eager: {eager})", LAYOUT_FIELDS[field]);
+        }
+    }
 }
 
 #[test]
