@@ -15,37 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
+from hypothesis_profiles import PROFILE_VARIABLE, raise_budgets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
 
-PROFILE_VARIABLE = "TOKENBATCH_HYPOTHESIS_PROFILE"
-THOROUGH_EXAMPLES = 10_000
-
-settings.register_profile(
-    "thorough",
-    max_examples=THOROUGH_EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 settings.load_profile(os.environ.get(PROFILE_VARIABLE, "default"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    floor = settings.default.max_examples
-    if floor <= settings.get_profile("default").max_examples:
-        return
-    for item in items:
-        test = getattr(item, "obj", None)
-        own = getattr(test, "_hypothesis_internal_use_settings", None)
-        if own is not None and own.max_examples < floor:
-            # Hypothesis reads this attribute when the test runs (its own settings).
-            test._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
-                own,
-                max_examples=floor,
-                deadline=None,
-                suppress_health_check=[*own.suppress_health_check, HealthCheck.too_slow],
-            )
+    raise_budgets(items)
 
 
 @pytest.fixture

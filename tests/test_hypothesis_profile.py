@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from conftest import THOROUGH_EXAMPLES, pytest_collection_modifyitems
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import THOROUGH_EXAMPLES, raise_budgets
 
 
 def _property(counter: list[int]) -> Any:
@@ -25,7 +25,7 @@ def test_thorough_profile_runs_10000_examples_despite_a_test_budget() -> None:
     check = _property(calls)
     try:
         settings.load_profile("thorough")
-        pytest_collection_modifyitems([SimpleNamespace(obj=check)])  # type: ignore[list-item]
+        raise_budgets([SimpleNamespace(obj=check)])
         check()
     finally:
         settings.load_profile(active)
@@ -36,6 +36,6 @@ def test_default_profile_keeps_each_test_budget() -> None:
     calls: list[int] = []
     check = _property(calls)
     if settings.default.max_examples <= settings.get_profile("default").max_examples:
-        pytest_collection_modifyitems([SimpleNamespace(obj=check)])  # type: ignore[list-item]
+        raise_budgets([SimpleNamespace(obj=check)])
         check()
         assert len(calls) <= 20
