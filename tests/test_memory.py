@@ -19,6 +19,7 @@ from tokenbatch import (
     InvalidTypeError,
     InvalidValueError,
     ModelSpec,
+    TokenBatchOverflowError,
     estimate_memory,
     estimate_memory_grid,
     max_micro_batch_tokens,
@@ -441,6 +442,9 @@ def test_bad_specs_and_arguments_raise() -> None:
         estimate_memory(LLAMA_8B, seq_len=4096, tensor_parallel=2)
     with pytest.raises(InvalidValueError, match="broadcast"):
         estimate_memory_grid(LLAMA_8B, seq_len=[1, 2], tp=[1, 2, 4])
+    # An integer past 64 bits is too large, not of the wrong type.
+    with pytest.raises(TokenBatchOverflowError, match=r"seq_len = 1(0){30} does not fit"):
+        estimate_memory(LLAMA_8B, seq_len=10**30)
 
 
 def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:

@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from tokenbatch import _core
 from tokenbatch._convert import as_int
-from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
 from tokenbatch.memory.spec import ModelSpec
 
 __all__ = [
@@ -172,6 +172,8 @@ def _numeric(name: str, value: Any) -> _Numbers:
     if array.dtype.kind in "iub":
         return np.ascontiguousarray(array, dtype=np.float64)
     if array.dtype.kind != "f":
+        if isinstance(value, int):  # numpy holds integers past 64 bits as objects
+            raise TokenBatchOverflowError(f"{name} = {value} does not fit in 64 bits")
         raise InvalidTypeError(f"{name} must be a number or an array of numbers, got {value!r}")
     return np.ascontiguousarray(array, dtype=np.float64)
 
