@@ -534,6 +534,28 @@ def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:3] == ["rank", "dp", "tp"]
     assert len([line for line in lines if line[:1].isdigit()]) == 3
+    # The options of issue 12's model reach the estimate and the planner.
+    options = ["--implementation", "fused", "--loss", "fused", "--fp8", "--cp", "2"]
+    options += ["--cp-comm", "all_gather", "--optimizer-offload", "0.5"]
+    options += ["--optimizer-dtype", "bf16", "--mtp-layers", "1"]
+    assert main(["memory", "deepseek-v3", "--dp", "4", "--ep", "8", "--json", *options]) == 0
+    data = json.loads(capsys.readouterr().out)
+    expected = estimate_memory(
+        ModelSpec.preset("deepseek-v3").replace(implementation="fused", mtp_layers=1),
+        seq_len=4096,
+        dp=4,
+        ep=8,
+        cp=2,
+        loss="fused",
+        fp8=True,
+        cp_comm="all_gather",
+        optimizer_offload=0.5,
+        optimizer_dtype="bf16",
+    )
+    assert data["total"] == expected.total
+    assert data["total"] != estimate_memory(ModelSpec.preset("deepseek-v3"), seq_len=4096).total
+    assert main(["plan", "llama-3.2-1b", "--gpus", "8", "--hardware", "h200", "--top", "1"]) == 0
+    assert "8 h200 GPUs x 140.4 GiB" in capsys.readouterr().out
     assert main(["memory", "llama-3.1-8b", "--tp", "3"]) == 2
     assert "tp must divide num_heads" in capsys.readouterr().err
     assert main(["memory", "no-such-model"]) == 2

@@ -17,11 +17,13 @@ from tokenbatch.cli.units import (
     GPU_MEMORY_MINIMUM,
     byte_size,
     count,
+    non_negative_real,
     output_file,
     positive_real,
 )
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.memory.estimate import GIB, MemoryEstimate, estimate_memory
+from tokenbatch.memory.hardware import HARDWARE
 from tokenbatch.memory.planner import plan
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
@@ -37,7 +39,46 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation-model", choices=["modern", "korthikanti"], default="modern")
     parser.add_argument("--optimizer", default="adamw", help="adamw, adam, lion, muon, sgd")
     parser.add_argument("--param-dtype", default="bf16", help="bf16, fp16 or fp32")
+    parser.add_argument(
+        "--optimizer-dtype", default="fp32", help="optimizer states: fp32 (default) or bf16"
+    )
     parser.add_argument("--fp32-grad-accum", action="store_true", help="extra fp32 grad buffer")
+    parser.add_argument(
+        "--mtp-layers",
+        type=count(minimum=0),
+        help="multi-token-prediction layers (default: the model's)",
+    )
+    parser.add_argument(
+        "--implementation",
+        choices=["hf", "fused"],
+        default="hf",
+        help="whose kernels run the model: Hugging Face modules (default) or fused "
+        "Megatron/Transformer Engine ones; decides what is saved for backward",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=["standard", "fused"],
+        default="standard",
+        help="fused (chunked) cross-entropy keeps no fp32 logits",
+    )
+    parser.add_argument("--fp8", action="store_true", help="FP8 matmuls (weights, activations)")
+    parser.add_argument(
+        "--cp-comm",
+        choices=["p2p", "all_gather", "a2a"],
+        default="p2p",
+        help="how context-parallel ranks exchange keys and values (default p2p ring)",
+    )
+    parser.add_argument(
+        "--optimizer-offload",
+        type=non_negative_real,
+        default=0.0,
+        help="fraction of the optimizer states kept in CPU memory (0 to 1)",
+    )
+    parser.add_argument(
+        "--moe-capacity-factor",
+        type=positive_real,
+        help="tokens an expert takes, as a multiple of its even share (default: dropless)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -73,28 +114,50 @@ def register(subparsers: Any) -> None:
     )
     _add_model(planner)
     planner.add_argument("--gpus", type=count(), required=True, help="number of GPUs")
-    add_gpu_memory(planner)
+    planner.add_argument(
+        "--hardware",
+        choices=sorted(HARDWARE),
+        default="h100",
+        help="the GPU and its links, for the step-time model (default h100)",
+    )
+    add_gpu_memory(planner, default=None, what="the hardware's")
     planner.add_argument(
         "--global-batch-tokens",
         type=count(),
         default="4Mi",
         help="tokens per optimizer step, rounded to whole sequences (default 4Mi = 4,194,304)",
     )
-    planner.add_argument("--gpus-per-node", type=count(), default=8, help="GPUs per node")
     planner.add_argument(
-        "--peak-tflops", type=positive_real, default=989.0, help="dense bf16 TFLOP/s per GPU"
+        "--gpus-per-node", type=count(), help="GPUs per node (default: the hardware's)"
+    )
+    planner.add_argument(
+        "--peak-tflops",
+        type=positive_real,
+        help="dense bf16 TFLOP/s per GPU (default: the hardware's)",
+    )
+    planner.add_argument(
+        "--overlap-ep-comm",
+        action="store_true",
+        help="expert all-to-all hidden behind compute (as DualPipe does)",
+    )
+    planner.add_argument(
+        "--deduplicated-dispatch",
+        action="store_true",
+        help="node-limited routing: a token crosses the network once per node",
     )
     planner.add_argument("--top", type=count(), default=10, help="layouts to list")
     planner.set_defaults(handler=run_plan)
 
 
-def add_gpu_memory(parser: argparse.ArgumentParser) -> None:
-    """``--gpu-memory``, a byte size (default 80GB), as ``plan`` and ``schedule`` read it."""
+def add_gpu_memory(
+    parser: argparse.ArgumentParser, *, default: str | None = "80GB", what: str | None = None
+) -> None:
+    """``--gpu-memory``, a byte size, as ``plan`` and ``schedule`` read it."""
     parser.add_argument(
         "--gpu-memory",
         type=byte_size(minimum=GPU_MEMORY_MINIMUM),
-        default="80GB",
-        help="memory per GPU (default 80GB)",
+        default=default,
+        help=f"memory per GPU (default {what or default})",
     )
 
 
@@ -114,16 +177,37 @@ def load_spec(model: str) -> ModelSpec:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
+    if args.optimizer_offload > 1:
+        raise InvalidValueError(
+            f"--optimizer-offload is a fraction from 0 to 1, got {args.optimizer_offload}"
+        )
     return {
         "activation_model": args.activation_model,
         "optimizer": args.optimizer,
         "param_dtype": args.param_dtype,
+        "optimizer_dtype": args.optimizer_dtype,
         "fp32_grad_accum": args.fp32_grad_accum,
+        "loss": args.loss,
+        "fp8": args.fp8,
+        "cp_comm": args.cp_comm,
+        "optimizer_offload": args.optimizer_offload,
+        "moe_capacity_factor": args.moe_capacity_factor,
     }
 
 
-def run_memory(args: argparse.Namespace) -> int:
+def _spec(args: argparse.Namespace) -> ModelSpec:
+    """The model with the implementation and multi-token-prediction layers asked for."""
     spec = load_spec(args.model)
+    changes: dict[str, Any] = {}
+    if args.implementation != spec.implementation:
+        changes["implementation"] = args.implementation
+    if args.mtp_layers is not None and args.mtp_layers != spec.mtp_layers:
+        changes["mtp_layers"] = args.mtp_layers
+    return spec.replace(**changes) if changes else spec
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    spec = _spec(args)
     estimate = estimate_memory(
         spec,
         seq_len=args.seq_len,
@@ -186,8 +270,9 @@ def plot_estimate(estimate: MemoryEstimate, path: Path, gpu_memory: float | None
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    spec = load_spec(args.model)
-    gpu_memory = args.gpu_memory
+    spec = _spec(args)
+    hardware = HARDWARE[args.hardware]
+    gpu_memory = hardware.memory if args.gpu_memory is None else args.gpu_memory
     sequences = max(1, round(args.global_batch_tokens / args.seq_len))  # --seq-len >= 1
     tokens = sequences * args.seq_len
     layouts = plan(
@@ -196,8 +281,11 @@ def run_plan(args: argparse.Namespace) -> int:
         gpu_memory=gpu_memory,
         seq_len=args.seq_len,
         global_batch_tokens=tokens,
+        hardware=hardware,
         gpus_per_node=args.gpus_per_node,
-        peak_flops=args.peak_tflops * 1e12,
+        peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
+        overlap_ep_comm=args.overlap_ep_comm,
+        deduplicated_dispatch=args.deduplicated_dispatch,
         top=args.top,
         **_options(args),
     )
@@ -205,7 +293,8 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps([vars(layout) for layout in layouts], indent=2))
         return 0 if layouts else 1
     print(
-        f"tokenbatch plan: {spec.name} on {args.gpus} GPUs x {gpu_memory / GIB:.1f} GiB, "
+        f"tokenbatch plan: {spec.name} on {args.gpus} {hardware.name} GPUs x "
+        f"{gpu_memory / GIB:.1f} GiB, "
         f"seq_len={args.seq_len:,}, {tokens:,} tokens per step"
     )
     if not layouts:
