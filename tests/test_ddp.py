@@ -6,7 +6,6 @@ writes one JSON line per step and rank; the tests read those logs.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from script_module import load_script
 
 from tokenbatch import pack
 
@@ -34,11 +34,7 @@ Logs = dict[int, list[dict[str, Any]]]
 
 def document_lengths(distribution: str, n: int, max_length: int, seed: int) -> Any:
     """The example's length distribution (imported from the script file)."""
-    spec = importlib.util.spec_from_file_location("train_ddp_lengths", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(EXAMPLE, "train_ddp_lengths")
     return module.document_lengths(distribution, n, max_length, seed)
 
 

@@ -3,14 +3,13 @@ what each document computes alone."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
+from script_module import load_script
 
 from tokenbatch.torch import PackedCollator, PaddedCollator
 
@@ -19,13 +18,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 
 @pytest.fixture(scope="module")
 def train_ddp() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_ddp_example", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE, "train_ddp_example")
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 GUIDES = sorted(path for path in DOCS.glob("*.md") if path.name != "api.md")
@@ -39,12 +38,7 @@ def test_guide_examples_run(guide: Path, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_api_reference_is_up_to_date() -> None:
-    spec = importlib.util.spec_from_file_location("gen_api", DOCS / "gen_api.py")
-    assert spec is not None
-    assert spec.loader is not None
-    gen_api = importlib.util.module_from_spec(spec)
-    sys.modules["gen_api"] = gen_api
-    spec.loader.exec_module(gen_api)
+    gen_api = load_script(DOCS / "gen_api.py", "gen_api")
     rendered = gen_api.render()
     assert "## `tokenbatch.stream`" in rendered
     assert "#### `StreamPacker.state_dict" in rendered

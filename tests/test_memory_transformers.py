@@ -10,26 +10,14 @@ tests/test_memory_transformers.py`` prints the accuracy table of docs/memory.md.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from script_module import load_script
 
-
-def _load_memory_check() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benches" / "gpu" / "memory_check.py"
-    spec = importlib.util.spec_from_file_location("memory_check", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-memory_check = _load_memory_check()
+memory_check = load_script(
+    Path(__file__).resolve().parents[1] / "benches" / "gpu" / "memory_check.py", "memory_check"
+)
 
 CASES = [
     (family, dtype, attention, recompute)

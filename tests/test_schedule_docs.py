@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
 import warnings
 from pathlib import Path
+
+from script_module import load_script
 
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "schedules.md"
 
@@ -35,11 +36,7 @@ def test_guide_examples_print_what_the_guide_shows() -> None:
 
 def test_launch_plan_figure_script_draws_the_guides_plan(tmp_path: Path) -> None:
     script = GUIDE.parent / "gen_launch_plan_figure.py"
-    spec = importlib.util.spec_from_file_location("gen_launch_plan_figure", script)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(script, "gen_launch_plan_figure")
     out = tmp_path / "launch_plan.png"
     module.main(out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

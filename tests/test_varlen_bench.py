@@ -4,27 +4,17 @@ agrees with per-document attention on a packed row with padded documents."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from script_module import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benches" / "gpu" / "varlen_attention.py"
 
 
-def load_script() -> Any:
-    spec = importlib.util.spec_from_file_location("varlen_attention", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cpu_paths_agree_and_gpu_kernels_say_why_they_are_skipped() -> None:
-    script = load_script()
+    script = load_script(SCRIPT, "varlen_attention")
     printed = io.StringIO()
     argv = ["--device", "cpu", "--max-tokens", "1024", "--cp", "2", "--heads", "2",
             "--head-dim", "16", "--repeats", "1"]  # fmt: skip
@@ -48,7 +38,7 @@ def test_cpu_paths_agree_and_gpu_kernels_say_why_they_are_skipped() -> None:
 
 
 def test_layout_comes_from_the_packer_and_collator() -> None:
-    script = load_script()
+    script = load_script(SCRIPT, "varlen_attention")
     cu, cu_padded = script.packed_layout(2048, 8, seed=1)
     assert cu_padded[-1] <= 2048
     padded, real = np.diff(cu_padded), np.diff(cu)
