@@ -273,6 +273,24 @@ impl FieldRule {
             FieldRule::Fraction => (0.0..=1.0).contains(&x),
         }
     }
+
+    /// Clear `ok[i]` where `values[i]` breaks the rule: one rule for a whole column, so
+    /// the loop has no branch on it.
+    #[inline(always)]
+    pub(crate) fn check_all(self, values: &[f64], ok: &mut [bool]) {
+        macro_rules! each {
+            ($($rule:ident)*) => {
+                match self {
+                    $(FieldRule::$rule => {
+                        for (ok, &x) in ok.iter_mut().zip(values) {
+                            *ok &= FieldRule::$rule.accepts(x);
+                        }
+                    })*
+                }
+            };
+        }
+        each!(PositiveInteger Count ZeroStage Flag ThreeWay PipelineSplit NonNegative Fraction);
+    }
 }
 
 /// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))

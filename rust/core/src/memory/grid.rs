@@ -51,6 +51,27 @@ impl Values<'_> {
     }
 }
 
+impl Values<'_> {
+    /// Values `first..first + out.len()` as floats; the caller has checked the bounds.
+    #[inline(always)]
+    pub fn copy_to(&self, first: usize, out: &mut [f64]) {
+        let range = first..first + out.len();
+        match self {
+            Values::F64(values) => out.copy_from_slice(&values[range]),
+            Values::I64(values) => {
+                for (o, &x) in out.iter_mut().zip(&values[range]) {
+                    *o = x as f64;
+                }
+            }
+            Values::Bool(values) => {
+                for (o, &x) in out.iter_mut().zip(&values[range]) {
+                    *o = f64::from(u8::from(x));
+                }
+            }
+        }
+    }
+}
+
 impl<'a> From<&'a [f64]> for Values<'a> {
     fn from(values: &'a [f64]) -> Self {
         Values::F64(values)
@@ -311,29 +332,44 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
     }
     let list_key = key_words <= LIST_KEY_WORDS;
     for_each_block(prepared, table, |estimator, first, columns, reasons| {
-        let mut layout = scalars;
-        let mut key = [0u64; LIST_KEY_WORDS + 1];
-        for (i, reason) in reasons.iter_mut().enumerate() {
-            let mut ok = scalars_ok;
+        // The cells of a block in batches, each gathered column by column: a column's
+        // loop reads, converts and checks one kind of value into one field, where a cell
+        // by cell walk would switch kind, rule and field at every value.
+        let mut layouts = [scalars; LIST_BATCH];
+        let mut ok = [true; LIST_BATCH];
+        let mut keys = [[0u64; LIST_KEY_WORDS + 1]; LIST_BATCH];
+        let mut values = [0.0f64; LIST_BATCH];
+        for start in (0..reasons.len()).step_by(LIST_BATCH) {
+            let n = LIST_BATCH.min(reasons.len() - start);
+            ok[..n].fill(scalars_ok);
             for &(field, rule, data, word) in &columns_of {
-                let x = data.get(first + i);
-                ok &= rule.accepts(x);
-                layout.set(field, x);
-                key[word] = x.to_bits();
+                let values = &mut values[..n];
+                data.copy_to(first + start, values);
+                rule.check_all(values, &mut ok[..n]);
+                Layout::set_all(&mut layouts[..n], field, values);
+                for (key, x) in keys[..n].iter_mut().zip(values.iter()) {
+                    key[word] = x.to_bits();
+                }
             }
-            let estimate = if !ok {
-                Err(first_bad_field(&layout))
-            } else if list_key {
-                let mut words = [0; LIST_KEY_WORDS];
-                words.copy_from_slice(&key[..LIST_KEY_WORDS]);
-                estimator.estimate_list_cell(&layout, words)
-            } else {
-                estimator.estimate_checked_fields(&layout)
-            };
-            store(columns, reason, i, estimate);
+            for j in 0..n {
+                let layout = &layouts[j];
+                let estimate = if !ok[j] {
+                    Err(first_bad_field(layout))
+                } else if list_key {
+                    let mut words = [0; LIST_KEY_WORDS];
+                    words.copy_from_slice(&keys[j][..LIST_KEY_WORDS]);
+                    estimator.estimate_list_cell(layout, words)
+                } else {
+                    estimator.estimate_checked_fields(layout)
+                };
+                store(columns, &mut reasons[start + j], start + j, estimate);
+            }
         }
     });
 }
+
+/// Cells of a list gathered at a time: their layouts stay in the core's first-level cache.
+const LIST_BATCH: usize = 64;
 
 /// The reason of the first field, in field order, that fails its own check.
 fn first_bad_field(layout: &Layout) -> Invalid {

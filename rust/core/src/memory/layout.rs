@@ -191,41 +191,26 @@ impl Layout {
     /// A grid updates the fields that change from one cell to the next in place.
     #[inline]
     pub fn set(&mut self, field: usize, value: f64) {
-        let slot = match field {
-            0 => &mut self.seq_len,
-            1 => &mut self.micro_batch,
-            2 => &mut self.dp,
-            3 => &mut self.tp,
-            4 => &mut self.pp,
-            5 => &mut self.cp,
-            6 => &mut self.ep,
-            7 => &mut self.vpp,
-            8 => &mut self.zero,
-            9 => &mut self.sequence_parallel,
-            10 => &mut self.recompute,
-            11 => &mut self.grad_accum_steps,
-            12 => &mut self.param_bytes,
-            13 => &mut self.grad_bytes,
-            14 => &mut self.grad_buffer_bytes,
-            15 => &mut self.master_bytes,
-            16 => &mut self.optimizer_state_bytes,
-            17 => &mut self.activation_bytes,
-            18 => &mut self.logits_bytes,
-            19 => &mut self.activation_model,
-            20 => &mut self.attention,
-            21 => &mut self.fused_swiglu,
-            22 => &mut self.overhead_bytes,
-            23 => &mut self.first_stage_layers,
-            24 => &mut self.last_stage_layers,
-            25 => &mut self.pipeline_split,
-            26 => &mut self.moe_capacity_factor,
-            27 => &mut self.cp_comm,
-            28 => &mut self.loss,
-            29 => &mut self.fp8,
-            30 => &mut self.optimizer_offload,
-            _ => return,
-        };
-        *slot = value;
+        Layout::set_all(std::slice::from_mut(self), field, &[value]);
+    }
+
+    /// Set field `field` of each layout to its value in `values` (a column of a list of
+    /// configurations): one branch on the field for the whole column.
+    #[inline(always)]
+    pub fn set_all(layouts: &mut [Layout], field: usize, values: &[f64]) {
+        macro_rules! each {
+            ($($index:literal $name:ident)*) => {
+                match field {
+                    $($index => {
+                        for (layout, &x) in layouts.iter_mut().zip(values) {
+                            layout.$name = x;
+                        }
+                    })*
+                    _ => {}
+                }
+            };
+        }
+        each!(0 seq_len 1 micro_batch 2 dp 3 tp 4 pp 5 cp 6 ep 7 vpp 8 zero 9 sequence_parallel 10 recompute 11 grad_accum_steps 12 param_bytes 13 grad_bytes 14 grad_buffer_bytes 15 master_bytes 16 optimizer_state_bytes 17 activation_bytes 18 logits_bytes 19 activation_model 20 attention 21 fused_swiglu 22 overhead_bytes 23 first_stage_layers 24 last_stage_layers 25 pipeline_split 26 moe_capacity_factor 27 cp_comm 28 loss 29 fp8 30 optimizer_offload);
     }
 
     /// The values in [`LAYOUT_FIELDS`] order.
