@@ -246,6 +246,44 @@ def test_grid_of_scattered_configurations_reads_any_number_dtype() -> None:
     assert "tp must divide num_heads" in reasons
 
 
+def test_named_options_in_grids_match_as_python_lowercases_them() -> None:
+    # Arrays of names of every named option that the grid reads itself, broadcast along
+    # an axis or one per cell, as strings or objects: each cell gives what the scalar
+    # call gives, and a name matches as `str.lower()` of it would (the Kelvin sign is a
+    # `k`; U+0130 is not an `i`).
+    names = {
+        "recompute": ["NONE", "full", "Selective", "nope"],
+        "attention": ["flash", "EAGER", "Flash", "x"],
+        "activation_model": ["modern", "\u212aorthikanti", "MODERN", "korthikant\u0130"],
+        "cp_comm": ["p2p", "A2A", "all_gather", "ring"],
+        "loss": ["standard", "FUSED", "Standard", "chunked"],
+        "pipeline_split": ["even", "AUTO", "Embedding_And_Loss", "odd"],
+    }
+    for option, values in names.items():
+        for as_objects in (False, True):
+            column = np.array(values, dtype=object if as_objects else None)
+            grid = estimate_memory_grid(
+                LLAMA_8B, seq_len=np.array([2048, 8192])[:, None], pp=2, cp=2, **{option: column}
+            )
+            listed = estimate_memory_grid(
+                LLAMA_8B,
+                seq_len=np.repeat([2048, 8192], 4),
+                pp=2,
+                cp=2,
+                **{option: np.tile(column, 2)},
+            )
+            assert grid.shape == (2, 4)
+            assert np.array_equal(grid.total.reshape(-1), listed.total, equal_nan=True)
+            for i, seq_len in enumerate([2048, 8192]):
+                for j, name in enumerate(values):
+                    if j == 3:
+                        assert not grid.valid[i, j], (option, name)
+                        assert option in grid.reasons()[i, j]
+                        continue
+                    one = estimate_memory(LLAMA_8B, seq_len=seq_len, pp=2, cp=2, **{option: name})
+                    assert grid.total[i, j] == one.total, (option, name)
+
+
 def test_grid_marks_each_invalid_cell_with_its_reason() -> None:
     grid = estimate_memory_grid(
         LLAMA_8B,

@@ -301,6 +301,7 @@ def memory_grid(
     shape: list[int],
     inputs: list[
         tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.bool_], list[int]]
+        | tuple[npt.NDArray[np.uint32], list[int], list[str], list[float]]
     ],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
 def memory_fields() -> tuple[list[str], list[str], list[str]]: ...

@@ -122,11 +122,12 @@ GIB = 1024**3
 
 
 def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _Numbers:
-    """Map option names (or arrays of them) to codes; unknown names become NaN (invalid).
+    """Map option names (or arrays of them) to codes, in any case; unknown names become NaN
+    (invalid).
 
     A string array is matched against the known names in Rust, in parallel (a million
-    names cost a few milliseconds, not a million dictionary look-ups); what matches none
-    (other capitalizations, unknown names) is looked up per distinct value.
+    names cost a few milliseconds, not a million dictionary look-ups), in lowercase as
+    ``str.lower`` gives it.
     """
     array = np.asarray(value)
     if array.dtype.kind not in "UO":
@@ -138,20 +139,56 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
                 f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
             )
         return np.asarray(code, dtype=np.float64)
-    text = np.ascontiguousarray(array if array.dtype.kind == "U" else array.astype(str))
-    rows = text.reshape(-1).view(np.uint32).reshape(text.size, -1)
-    codes: _F64 = _core.memory_name_codes(rows, list(table), [float(c) for c in table.values()])
-    unmatched = np.isnan(codes)
-    if unmatched.any():
-        names_left, inverse = np.unique(text.reshape(-1)[unmatched], return_inverse=True)
-        lower = [table.get(n.lower(), math.nan) for n in names_left]
-        codes[unmatched] = np.asarray(lower, dtype=np.float64)[inverse]
-    codes = codes.reshape(text.shape)
+    column = _NameColumn(_text(array), table)
+    codes: _F64 = _core.memory_name_codes(column.code_points(), *column.names_and_codes())
+    codes = codes.reshape(array.shape)
     if strict and np.isnan(codes).any():
         raise InvalidValueError(
             f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
         )
     return codes
+
+
+def _text(array: npt.NDArray[Any]) -> npt.NDArray[np.str_]:
+    """A string (or object) array as a contiguous ``<U`` array."""
+    text: npt.NDArray[np.str_] = np.ascontiguousarray(
+        array if array.dtype.kind == "U" else array.astype(str)
+    )
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class _NameColumn:
+    """A string array of a named option that the grid matches against the option's names
+    itself, as it reads each cell, instead of a pass that turns it into codes first."""
+
+    text: npt.NDArray[np.str_]
+    table: Mapping[str, int]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.text.shape
+
+    def code_points(self) -> npt.NDArray[np.uint32]:
+        """The strings as rows of UTF-32 code points (numpy's own layout, no copy)."""
+        width = self.text.itemsize // 4
+        rows: npt.NDArray[np.uint32] = self.text.reshape(-1).view(np.uint32)
+        return rows.reshape(self.text.size, width)
+
+    def names_and_codes(self) -> tuple[list[str], list[float]]:
+        return list(self.table), [float(code) for code in self.table.values()]
+
+
+#: A field of the grid: numbers, or the names of a named option.
+_Column = _Numbers | _NameColumn
+
+
+def _choice(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _Column:
+    """A named option's field: codes, or for a grid (not ``strict``) an array of names as
+    the grid reads it in place."""
+    if not strict and isinstance(value, np.ndarray) and value.ndim and value.dtype.kind in "UO":
+        return _NameColumn(_text(value), table)
+    return _lookup(name, value, table, strict=strict)
 
 
 # Integer and boolean arrays at least this long are handed to the core as int64 or bool
@@ -187,8 +224,9 @@ def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _Numbers:
     return _lookup(name, value, DTYPE_BYTES, strict=strict)
 
 
-def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Numbers]:
-    """Turn user options into the core's numeric layout fields (compact, unbroadcast)."""
+def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Column]:
+    """Turn user options into the core's layout fields (compact, unbroadcast): numbers,
+    and for a grid (not ``strict``) arrays of names, which the grid reads itself."""
     unknown = set(options) - set(_DEFAULTS) - {"seq_len"}
     if unknown:
         raise InvalidTypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
@@ -215,7 +253,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Nu
         master = 4.0 * _numeric("master_weights", o["master_weights"])
     states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
     state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
-    fields: dict[str, _Numbers] = {
+    fields: dict[str, _Column] = {
         "seq_len": _numeric("seq_len", o["seq_len"]),
         "micro_batch": _numeric("micro_batch", o["micro_batch"]),
         "dp": _numeric("dp", o["dp"]),
@@ -226,7 +264,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Nu
         "vpp": _numeric("vpp", o["vpp"]),
         "zero": _numeric("zero", o["zero"]),
         "sequence_parallel": _numeric("sequence_parallel", o["sequence_parallel"]),
-        "recompute": _lookup("recompute", o["recompute"], _RECOMPUTE, strict=strict),
+        "recompute": _choice("recompute", o["recompute"], _RECOMPUTE, strict=strict),
         "grad_accum_steps": _optional_count("grad_accum_steps", o["grad_accum_steps"]),
         "param_bytes": param,
         "grad_bytes": grad,
@@ -237,23 +275,23 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Nu
         "optimizer_state_bytes": np.ascontiguousarray(state_bytes, dtype=np.float64),
         "activation_bytes": act,
         "logits_bytes": _dtype_bytes("logits_dtype", o["logits_dtype"], strict=strict),
-        "activation_model": _lookup(
+        "activation_model": _choice(
             "activation_model", o["activation_model"], _ACTIVATION_MODEL, strict=strict
         ),
-        "attention": _lookup("attention", o["attention"], _ATTENTION, strict=strict),
+        "attention": _choice("attention", o["attention"], _ATTENTION, strict=strict),
         "fused_swiglu": _numeric("fused_swiglu", o["fused_swiglu"]),
         "overhead_bytes": _numeric("overhead_bytes", o["overhead_bytes"]),
         "first_stage_layers": _optional_count("first_stage_layers", o["first_stage_layers"]),
         "last_stage_layers": _optional_count("last_stage_layers", o["last_stage_layers"]),
-        "pipeline_split": _lookup(
+        "pipeline_split": _choice(
             "pipeline_split", o["pipeline_split"], PIPELINE_SPLITS, strict=strict
         ),
         "moe_capacity_factor": _numeric(
             "moe_capacity_factor",
             0 if o["moe_capacity_factor"] is None else o["moe_capacity_factor"],
         ),
-        "cp_comm": _lookup("cp_comm", o["cp_comm"], _CP_COMM, strict=strict),
-        "loss": _lookup("loss", o["loss"], _LOSS, strict=strict),
+        "cp_comm": _choice("cp_comm", o["cp_comm"], _CP_COMM, strict=strict),
+        "loss": _choice("loss", o["loss"], _LOSS, strict=strict),
         "fp8": _numeric("fp8", o["fp8"]),
         "optimizer_offload": _numeric("optimizer_offload", o["optimizer_offload"]),
     }
@@ -262,29 +300,38 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Nu
 
 def scalar_inputs(options: Mapping[str, Any]) -> dict[str, float]:
     """The core's numeric fields for scalar options (``seq_len`` defaults to 1 here)."""
-    fields = _layout_inputs({"seq_len": 1, **options}, strict=True)
+    fields = _numbers(_layout_inputs({"seq_len": 1, **options}, strict=True))
     return {name: float(array.reshape(-1)[0]) for name, array in fields.items()}
 
 
+def _numbers(fields: Mapping[str, _Column]) -> dict[str, _Numbers]:
+    """The fields of scalar (``strict``) options, which are numbers only."""
+    numbers = {k: v for k, v in fields.items() if not isinstance(v, _NameColumn)}
+    if len(numbers) != len(fields):
+        raise TypeError("scalar options gave an array of names")
+    return numbers
+
+
 def _run_grid(
-    spec: ModelSpec, fields: Mapping[str, _Numbers]
+    spec: ModelSpec, fields: Mapping[str, _Column]
 ) -> tuple[tuple[int, ...], _F64, npt.NDArray[np.uint8]]:
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     try:
         shape = np.broadcast_shapes(*(a.shape for a in fields.values()))
     except ValueError as exc:
-        shapes = ", ".join(f"{k}{a.shape}" for k, a in fields.items() if a.ndim)
+        shapes = ", ".join(f"{k}{a.shape}" for k, a in fields.items() if a.shape)
         raise InvalidValueError(f"grid parameters do not broadcast: {shapes}") from exc
-    inputs = []
-    scalar_strides = [0] * len(shape)
-    for array in fields.values():
-        if array.ndim == 0:
-            inputs.append((array.reshape(-1), scalar_strides))
-            continue
+    inputs: list[Any] = []
+    for column in fields.values():
+        array = column.text if isinstance(column, _NameColumn) else column
+        # Element strides over the grid's shape (0 along the axes it is broadcast over).
         view = np.broadcast_to(array, shape)
         strides = [s // array.itemsize for s in view.strides]
-        inputs.append((array.reshape(-1), strides))
+        if isinstance(column, _NameColumn):
+            inputs.append((column.code_points(), strides, *column.names_and_codes()))
+        else:
+            inputs.append((column.reshape(-1), strides))
     flat, reasons = _core.memory_grid(spec.core_dict(), list(shape), inputs)
     return tuple(shape), flat.reshape(len(OUTPUT_FIELDS), -1), reasons.reshape(shape)
 
@@ -438,7 +485,7 @@ def _scalar_fields(seq_len: int, options: Mapping[str, Any]) -> dict[str, _Numbe
     for name, value in (("seq_len", seq_len), *options.items()):
         if np.ndim(value) != 0:
             raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
-    return _layout_inputs({"seq_len": seq_len, **options}, strict=True)
+    return _numbers(_layout_inputs({"seq_len": seq_len, **options}, strict=True))
 
 
 def _estimate_from_row(

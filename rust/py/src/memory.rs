@@ -4,8 +4,8 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntyped
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType, Values, INVALID_REASONS,
-    LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NameTable, NormType, Values,
+    INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -145,6 +145,19 @@ enum NumberArray<'py> {
     Bool(PyReadonlyArray1<'py, bool>),
 }
 
+/// One grid input with its element strides: numbers, or the code points of a `<U` array
+/// (viewed as `(n, width)` uint32) with the names it may hold and their codes.
+#[derive(FromPyObject)]
+enum GridColumn<'py> {
+    Numbers(NumberArray<'py>, Vec<usize>),
+    Names(
+        PyReadonlyArray2<'py, u32>,
+        Vec<usize>,
+        Vec<String>,
+        Vec<f64>,
+    ),
+}
+
 /// Evaluate a broadcast grid; returns the `(len(OUTPUT_FIELDS), cells)` table, flat and
 /// row-major (one contiguous run per field), and the per-cell reason codes (0: valid).
 #[pyfunction]
@@ -152,17 +165,39 @@ fn memory_grid<'py>(
     py: Python<'py>,
     spec: SpecDict,
     shape: Vec<usize>,
-    inputs: Vec<(NumberArray<'py>, Vec<usize>)>,
+    inputs: Vec<GridColumn<'py>>,
 ) -> PyResult<GridArrays<'py>> {
     guard("memory_grid", || {
         let spec = spec.into_core().into_py_result()?;
+        let tables = inputs
+            .iter()
+            .map(|input| match input {
+                GridColumn::Names(text, _, names, codes) => {
+                    name_table(text.shape()[1], names, codes).map(Some)
+                }
+                GridColumn::Numbers(..) => Ok(None),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
         let slices = inputs
             .iter()
-            .map(|(array, strides)| {
-                let data = match array {
-                    NumberArray::F64(array) => Values::F64(as_slice(array)?),
-                    NumberArray::I64(array) => Values::I64(as_slice(array)?),
-                    NumberArray::Bool(array) => Values::Bool(as_slice(array)?),
+            .zip(&tables)
+            .map(|(input, table)| {
+                let (data, strides) = match (input, table) {
+                    (GridColumn::Numbers(NumberArray::F64(array), strides), _) => {
+                        (Values::F64(as_slice(array)?), strides)
+                    }
+                    (GridColumn::Numbers(NumberArray::I64(array), strides), _) => {
+                        (Values::I64(as_slice(array)?), strides)
+                    }
+                    (GridColumn::Numbers(NumberArray::Bool(array), strides), _) => {
+                        (Values::Bool(as_slice(array)?), strides)
+                    }
+                    (GridColumn::Names(text, strides, ..), Some(table)) => {
+                        (Values::Names(code_points(text)?, table), strides)
+                    }
+                    (GridColumn::Names(..), None) => {
+                        return Err(PyValueError::new_err("a names column without its table"))
+                    }
                 };
                 Ok(GridInput {
                     data,
@@ -180,6 +215,27 @@ fn memory_grid<'py>(
     })
 }
 
+/// The table of `names` (with their `codes`) for strings `width` code points wide.
+fn name_table(width: usize, names: &[String], codes: &[f64]) -> PyResult<NameTable> {
+    if names.len() != codes.len() {
+        return Err(PyValueError::new_err("one code per name"));
+    }
+    if width == 0 {
+        return Err(PyValueError::new_err("strings of width 0"));
+    }
+    let names: Vec<Vec<u32>> = names
+        .iter()
+        .map(|name| name.chars().map(u32::from).collect())
+        .collect();
+    Ok(NameTable::new(width, &names, codes))
+}
+
+/// The code points of a `<U` array viewed as `(n, width)` uint32, in place.
+fn code_points<'a>(text: &'a PyReadonlyArray2<'_, u32>) -> PyResult<&'a [u32]> {
+    text.as_slice()
+        .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))
+}
+
 /// For each row of `text` (a numpy `<U` array viewed as `(n, width)` uint32 code points),
 /// the code of the name it equals (`codes[i]` for `names[i]`), or NaN.
 #[pyfunction]
@@ -190,18 +246,9 @@ fn memory_name_codes<'py>(
     codes: Vec<f64>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     guard("memory_name_codes", || {
-        let width = text.shape()[1];
-        let points = text
-            .as_slice()
-            .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))?;
-        if names.len() != codes.len() {
-            return Err(PyValueError::new_err("one code per name"));
-        }
-        let names: Vec<Vec<u32>> = names
-            .iter()
-            .map(|name| name.chars().map(u32::from).collect())
-            .collect();
-        let found = detach_parallel(py, || memory::name_codes(points, width, &names, &codes));
+        let points = code_points(&text)?;
+        let table = name_table(text.shape()[1], &names, &codes)?;
+        let found = detach_parallel(py, || memory::name_codes(points, &table));
         Ok(found.into_pyarray(py))
     })
 }

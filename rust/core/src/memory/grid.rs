@@ -15,16 +15,20 @@ use crate::memory::estimate::{
     FieldRule, Prepared, Terms, KEY_LEN_FIELDS, LIST_KEY_WORDS, N_OUTPUT_FIELDS, TERMS_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
+use crate::memory::names::NameTable;
 use crate::memory::spec::ModelSpec;
 
-/// The values of one input, as the caller has them: floats, or integers or booleans read
-/// as floats where a cell needs them (a list of a million configurations is mostly integer
-/// and boolean columns, which are then never copied).
+/// The values of one input, as the caller has them: floats, or integers, booleans or
+/// names read as floats where a cell needs them (a list of a million configurations is
+/// mostly integer, boolean and string columns, which are then never copied).
 #[derive(Debug, Clone, Copy)]
 pub enum Values<'a> {
     F64(&'a [f64]),
     I64(&'a [i64]),
     Bool(&'a [bool]),
+    /// Fixed-width strings (as numpy stores them), read as their codes in the table (NaN,
+    /// an invalid value, for a string that names nothing).
+    Names(&'a [u32], &'a NameTable),
 }
 
 impl Values<'_> {
@@ -33,6 +37,7 @@ impl Values<'_> {
             Values::F64(values) => values.len(),
             Values::I64(values) => values.len(),
             Values::Bool(values) => values.len(),
+            Values::Names(text, names) => text.len() / names.width(),
         }
     }
 
@@ -47,6 +52,10 @@ impl Values<'_> {
             Values::F64(values) => values[index],
             Values::I64(values) => values[index] as f64,
             Values::Bool(values) => f64::from(u8::from(values[index])),
+            Values::Names(text, names) => {
+                let width = names.width();
+                names.code(&text[index * width..(index + 1) * width])
+            }
         }
     }
 }
@@ -68,7 +77,21 @@ impl Values<'_> {
                     *o = f64::from(u8::from(x));
                 }
             }
+            Values::Names(text, names) => {
+                let width = names.width();
+                names.codes_into(&text[range.start * width..range.end * width], out);
+            }
         }
+    }
+
+    /// Whether some value is `x`.
+    pub fn contains(&self, x: f64) -> bool {
+        let mut values = [0.0; 1024];
+        (0..self.len()).step_by(values.len()).any(|first| {
+            let values = &mut values[..(self.len() - first).min(1024)];
+            self.copy_to(first, values);
+            values.contains(&x)
+        })
     }
 }
 
@@ -214,6 +237,28 @@ fn estimate_broadcast(
     inputs: &[GridInput<'_>],
     table: &mut GridTable,
 ) {
+    // The cursor reads a value whenever its cell moves along the value's axis: names are
+    // matched once per value here, not once per cell.
+    let codes: Vec<Option<Vec<f64>>> = inputs
+        .iter()
+        .map(|input| match input.data {
+            Values::Names(..) => {
+                let mut codes = vec![0.0; input.data.len()];
+                input.data.copy_to(0, &mut codes);
+                Some(codes)
+            }
+            _ => None,
+        })
+        .collect();
+    let inputs: Vec<GridInput<'_>> = inputs
+        .iter()
+        .zip(&codes)
+        .map(|(input, codes)| GridInput {
+            data: codes.as_deref().map_or(input.data, Values::F64),
+            strides: input.strides,
+        })
+        .collect();
+    let inputs = &inputs[..];
     // Each field's own check depends on its value alone: run it once per input value
     // instead of once per cell (it was a fifth of a grid's time).
     let field_reasons: Vec<Vec<u8>> = inputs
@@ -294,10 +339,9 @@ impl TermsTable {
 /// `seq_len` where some cell's attention is eager or its activation model `korthikanti`.
 fn terms_fields(inputs: &[GridInput<'_>]) -> [bool; N_LAYOUT_FIELDS] {
     let (seq_len, switches) = KEY_LEN_FIELDS;
-    let key_len_used = switches.iter().any(|&field| {
-        let data = inputs[field].data;
-        (0..data.len()).any(|i| data.get(i) == 1.0)
-    });
+    let key_len_used = switches
+        .iter()
+        .any(|&field| inputs[field].data.contains(1.0));
     std::array::from_fn(|field| TERMS_FIELDS.contains(&field) || (key_len_used && field == seq_len))
 }
 
@@ -572,83 +616,4 @@ pub fn estimate_one(
 ) -> Result<std::result::Result<Breakdown, crate::memory::layout::Invalid>> {
     spec.validate()?;
     Ok(estimate(&Prepared::new(spec), layout))
-}
-
-/// For each fixed-width string of `text` (`width` code points each, padded with zeros, as
-/// numpy stores `<U` arrays), the code of the first name it equals (`codes[i]` for
-/// `names[i]`), or NaN. Parallel, a few vector comparisons per name, instead of a
-/// dictionary look-up per value.
-pub fn name_codes(text: &[u32], width: usize, names: &[Vec<u32>], codes: &[f64]) -> Vec<f64> {
-    if width == 0 {
-        return Vec::new();
-    }
-    // The names padded to the strings' width (a longer name equals none of them), the last
-    // first, so that the first of equal names is the one that stays.
-    let padded: Vec<(Vec<u32>, f64)> = names
-        .iter()
-        .zip(codes)
-        .rev()
-        .filter(|(name, _)| name.len() <= width)
-        .map(|(name, &code)| {
-            let mut row = name.clone();
-            row.resize(width, 0);
-            (row, code)
-        })
-        .collect();
-    // Every element is written below: lazily zeroed pages, not a pass that fills them.
-    let mut found = zeroed_vec!(f64, text.len() / width);
-    let rows = found
-        .par_chunks_mut(CHUNK)
-        .zip(text.par_chunks(CHUNK * width));
-    // Names are short: a width known at compile time makes each comparison a few vector
-    // instructions instead of a loop over code points.
-    macro_rules! with_width {
-        ($($w:literal)*) => {
-            match width {
-                $($w => rows.for_each(|(found, text)| codes_of::<$w>(found, text, &padded)),)*
-                _ => rows.for_each(|(found, text)| codes_of_any_width(found, text, width, &padded)),
-            }
-        };
-    }
-    with_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
-    found
-}
-
-/// [`name_codes`] of a block of `W`-wide strings. Every name is compared in full, with no
-/// branch on which one matches: a column's names come in no order a predictor learns.
-fn codes_of<const W: usize>(found: &mut [f64], text: &[u32], padded: &[(Vec<u32>, f64)]) {
-    let names: Vec<([u32; W], f64)> = padded
-        .iter()
-        .filter_map(|(name, code)| Some(((name[..]).try_into().ok()?, *code)))
-        .collect();
-    for (code, row) in found.iter_mut().zip(text.chunks_exact(W)) {
-        let Ok(row) = <&[u32; W]>::try_from(row) else {
-            continue;
-        };
-        let bits = names
-            .iter()
-            .fold(f64::NAN.to_bits(), |bits, (name, known)| {
-                let differs = name.iter().zip(row).fold(0, |d, (a, b)| d | (a ^ b));
-                // All ones where the name matches: a mask, which the compiler keeps as one.
-                let matches = u64::from(differs == 0).wrapping_neg();
-                (known.to_bits() & matches) | (bits & !matches)
-            });
-        *code = f64::from_bits(bits);
-    }
-}
-
-/// [`codes_of`] for strings of any width.
-fn codes_of_any_width(found: &mut [f64], text: &[u32], width: usize, padded: &[(Vec<u32>, f64)]) {
-    for (code, row) in found.iter_mut().zip(text.chunks_exact(width)) {
-        *code = padded.iter().fold(
-            f64::NAN,
-            |code, (name, known)| {
-                if name[..] == *row {
-                    *known
-                } else {
-                    code
-                }
-            },
-        );
-    }
 }

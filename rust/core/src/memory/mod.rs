@@ -9,6 +9,7 @@ pub mod estimate;
 pub mod grid;
 pub mod layout;
 mod memo;
+pub mod names;
 pub mod pipeline;
 pub mod spec;
 
@@ -17,12 +18,11 @@ pub use estimate::{
     check_field, estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS,
     OUTPUT_FIELDS,
 };
-pub use grid::{
-    estimate_all_stages, estimate_grid, estimate_one, name_codes, GridInput, GridTable, Values,
-};
+pub use grid::{estimate_all_stages, estimate_grid, estimate_one, GridInput, GridTable, Values};
 pub use layout::{
     ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
 };
+pub use names::{name_codes, NameTable};
 pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, NormType};
 

@@ -1093,21 +1093,61 @@ fn name_codes_match_whole_fixed_width_names() {
         .iter()
         .map(|s| s.chars().map(u32::from).collect())
         .collect();
-    let words = ["full", "none", "nonex", "selective", "", "Full", "fullx"];
+    // Matched as Python's `str.lower` would: ASCII capitals and the Kelvin sign fold, no
+    // other code point does (U+0130 lowercases to two code points, `i` and a dot).
+    let words = [
+        "full",
+        "none",
+        "nonex",
+        "selective",
+        "",
+        "Full",
+        "fullx",
+        "FULL",
+        "FuLl ",
+        "ful",
+        "SELECTIVE",
+        "nOnE",
+        "\u{212A}",
+        "\u{0130}",
+        "full\u{0}x",
+    ];
     let text: Vec<u32> = words.iter().flat_map(|w| row(w, 9)).collect();
     let codes = [0.0, 1.0, 2.0];
-    let found = name_codes(&text, 9, &names, &codes);
+    let found = name_codes(&text, &NameTable::new(9, &names, &codes));
     let shown: Vec<Option<usize>> = found
         .iter()
         .map(|&x| (!x.is_nan()).then_some(x as usize))
         .collect();
-    assert_eq!(shown, [Some(2), Some(0), None, Some(1), None, None, None]);
+    assert_eq!(
+        shown,
+        [
+            Some(2),
+            Some(0),
+            None,
+            Some(1),
+            None,
+            Some(2),
+            None,
+            Some(2),
+            None,
+            None,
+            Some(1),
+            Some(0),
+            None,
+            None,
+            None
+        ]
+    );
+    let kelvin: Vec<Vec<u32>> = vec!["k".chars().map(u32::from).collect()];
+    let found = name_codes(&row("\u{212A}", 1), &NameTable::new(1, &kelvin, &[5.0]));
+    assert_eq!(found, [5.0]);
     // A name longer than the strings cannot match; an empty array gives no indices.
     let narrow: Vec<u32> = ["full", "none"].iter().flat_map(|w| row(w, 4)).collect();
-    let found = name_codes(&narrow, 4, &names, &codes);
+    let found = name_codes(&narrow, &NameTable::new(4, &names, &codes));
     assert_eq!(found[0], 2.0);
     assert_eq!(found[1], 0.0);
-    assert!(name_codes(&[], 4, &names, &codes).is_empty());
+    assert!(name_codes(&[], &NameTable::new(4, &names, &codes)).is_empty());
     // Every width: those known at compile time and the others, a name as long as the
     // strings, one longer, and the first of two equal names.
     let with_twins: Vec<Vec<u32>> = ["full", "none", "none", "selective_selective"]
@@ -1118,7 +1158,10 @@ fn name_codes_match_whole_fixed_width_names() {
         let words = ["none", "full", "nonf", "", "selective_selective"];
         let fitting: Vec<&str> = words.iter().copied().filter(|w| w.len() <= width).collect();
         let text: Vec<u32> = fitting.iter().flat_map(|w| row(w, width)).collect();
-        let found = name_codes(&text, width, &with_twins, &[0.0, 1.0, 2.0, 3.0]);
+        let found = name_codes(
+            &text,
+            &NameTable::new(width, &with_twins, &[0.0, 1.0, 2.0, 3.0]),
+        );
         let expected: Vec<u64> = fitting
             .iter()
             .map(|w| match *w {
@@ -1136,7 +1179,7 @@ fn name_codes_match_whole_fixed_width_names() {
     let many: Vec<u32> = (0..10_000)
         .flat_map(|i| row(["none", "full"][i % 2], 9))
         .collect();
-    let found = name_codes(&many, 9, &names, &[7.0, 8.0, 9.0]);
+    let found = name_codes(&many, &NameTable::new(9, &names, &[7.0, 8.0, 9.0]));
     assert!(found
         .iter()
         .enumerate()
@@ -1459,4 +1502,62 @@ fn pipeline_splits_of_absurd_sizes_are_none_not_an_overflow() {
         }
     }
     assert!(StageLayers::new(32, 4, 1, PipelineSplit::Even, 0, 0).is_some());
+}
+
+#[test]
+fn a_column_of_names_gives_the_grid_its_codes_give() {
+    // `recompute` as names (any case, one unknown) and as the codes they stand for: the
+    // same table, in a list of configurations and along an axis of a broadcast grid.
+    let spec = llama_8b();
+    let defaults = Layout::default().to_values();
+    let words = ["none", "FULL", "Selective", "bogus", "full"];
+    let codes_of_words = [0.0, 2.0, 1.0, f64::NAN, 2.0];
+    let width = 9;
+    let row = |w: &str| -> Vec<u32> {
+        let mut points: Vec<u32> = w.chars().map(u32::from).collect();
+        points.resize(width, 0);
+        points
+    };
+    let names: Vec<Vec<u32>> = ["none", "selective", "full"]
+        .iter()
+        .map(|w| w.chars().map(u32::from).collect())
+        .collect();
+    let table = NameTable::new(width, &names, &[0.0, 1.0, 2.0]);
+    let cells = 300;
+    let picks: Vec<usize> = (0..cells).map(|i| (i * 7 + i / 3) % words.len()).collect();
+    let text: Vec<u32> = picks.iter().flat_map(|&p| row(words[p])).collect();
+    let codes: Vec<f64> = picks.iter().map(|&p| codes_of_words[p]).collect();
+    let seq: Vec<f64> = (0..cells).map(|i| [1024.0, 8192.0][i % 2]).collect();
+    let axis_text: Vec<u32> = words.iter().flat_map(|w| row(w)).collect();
+    // (shape, names, their codes, their strides, seq_len's strides)
+    type Case<'a> = (&'a [usize], &'a [u32], &'a [f64], &'a [usize], &'a [usize]);
+    let cases: [Case<'_>; 2] = [
+        (&[cells], &text, &codes, &[1], &[1]),
+        (
+            &[2, words.len()],
+            &axis_text,
+            &codes_of_words,
+            &[0, 1],
+            &[1, 0],
+        ),
+    ];
+    for (shape, text, codes, strides, seq_strides) in cases {
+        let scalar_strides = vec![0; shape.len()];
+        let mut with_codes = grid_inputs(
+            &defaults,
+            &scalar_strides,
+            &[(0, &seq, seq_strides), (10, codes, strides)],
+        );
+        let expected = estimate_grid(&spec, shape, &with_codes).unwrap();
+        with_codes[10] = GridInput {
+            data: Values::Names(text, &table),
+            strides,
+        };
+        let found = estimate_grid(&spec, shape, &with_codes).unwrap();
+        assert_eq!(found.reasons, expected.reasons, "{shape:?}");
+        let bits = |t: &GridTable| t.values.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&found), bits(&expected), "{shape:?}");
+        assert!(found.reasons.iter().any(|&r| r != 0));
+        assert!(found.reasons.contains(&0));
+    }
 }
