@@ -109,6 +109,8 @@ CASES = [
     (f"{MEMORY} --seq-len 4096.5", "--seq-len"),
     (f"{MEMORY} --seq-len 4KB", "--seq-len"),
     (f"{MEMORY} --seq-len 1e30", "--seq-len"),
+    (f"{MEMORY} --seq-len 1e308", "--seq-len"),
+    ("memory mixtral-8x7b --moe-capacity-factor 1e308", "exceeds the range of a float"),
     (f"{MEMORY} --dp 0", "--dp"),
     (f"{MEMORY} --gpu-memory 80", "--gpu-memory"),
     (f"{MEMORY} --gpu-memory 80G", "--gpu-memory"),

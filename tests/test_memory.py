@@ -6,6 +6,7 @@ import io
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tokenbatch import (
 )
 from tokenbatch.cli import main
 from tokenbatch.memory import estimate_memory_stages
+from tokenbatch.memory.estimate import REASON_MESSAGES
 
 GIB = 1024**3
 LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
@@ -445,6 +447,109 @@ def test_bad_specs_and_arguments_raise() -> None:
     # An integer past 64 bits is too large, not of the wrong type.
     with pytest.raises(TokenBatchOverflowError, match=r"seq_len = 1(0){30} does not fit"):
         estimate_memory(LLAMA_8B, seq_len=10**30)
+
+
+MIXTRAL = ModelSpec.preset("mixtral-8x7b")
+OVERFLOW = "the estimate exceeds the range of a float"
+
+#: (model, the input too large, its value, a sane value, other options): bytes past the
+#: largest float through each input that multiplies them.
+ABSURD = [
+    (LLAMA_8B, "seq_len", 1.7e308, 4096, {}),
+    (LLAMA_8B, "micro_batch", 1e300, 1, {"pp": 4, "recompute": "full"}),
+    (LLAMA_8B, "seq_len", 1e160, 4096, {"attention": "eager"}),
+    (LLAMA_8B, "master_weights", 1e300, 1, {}),
+    (LLAMA_8B, "fp32_grad_accum", 1e300, 1, {"zero": 3, "dp": 8}),
+    (LLAMA_8B, "overhead_bytes", sys.float_info.max, 0, {"micro_batch": 1e290}),
+    (MIXTRAL, "moe_capacity_factor", 1e308, 1.25, {"ep": 2, "dp": 2}),
+    (MIXTRAL, "seq_len", 1e303, 4096, {"cp": 2, "recompute": "selective"}),
+]
+
+
+@pytest.mark.parametrize(("spec", "name", "value", "sane", "others"), ABSURD)
+def test_absurd_inputs_are_an_overflow_error_not_infinite_bytes(
+    spec: ModelSpec, name: str, value: float, sane: float, others: dict[str, Any]
+) -> None:
+    options = {"seq_len": 4096, **others, name: value}
+    # The error says what went wrong, with the values given of the inputs it names.
+    shown = ".*".join(f"{k}=" for k in options if k in ("seq_len", "micro_batch", name))
+    with pytest.raises(TokenBatchOverflowError, match=rf"^{OVERFLOW}.*\(got {shown}") as raised:
+        estimate_memory(spec, **options)
+    assert isinstance(raised.value, OverflowError)
+    with pytest.raises(TokenBatchOverflowError, match=OVERFLOW):
+        estimate_memory_stages(spec, **options)
+    # In a grid, the cell is invalid with that reason, next to the same layout with a sane
+    # value, which stays valid.
+    grid = estimate_memory_grid(spec, **{**options, name: [value, sane]})
+    assert grid.valid.tolist() == [False, True]
+    assert grid.reasons()[0] == REASON_MESSAGES[-1]
+    assert grid.reasons()[0].startswith(OVERFLOW)
+    assert np.isnan(grid.to_dict()["total"][0])
+    assert grid.fits(1e308).tolist() == [False, grid.total[1] <= 1e308]
+
+
+#: A huge finite number: the largest float, or m x 10^e with e from 16 (whole) to 308.
+huge = st.one_of(
+    st.just(sys.float_info.max),
+    st.builds(
+        lambda m, e: min(m * 10.0**e, sys.float_info.max),
+        st.floats(1, 1.79),
+        st.integers(16, 308),
+    ),
+)
+#: Options that take unbounded numbers, at sane values (counts past 2^53 are whole floats).
+UNBOUNDED = {
+    "seq_len": 4096,
+    "micro_batch": 1,
+    "cp": 1,
+    "grad_accum_steps": 0,
+    "master_weights": 1,
+    "fp32_grad_accum": 0,
+    "overhead_bytes": 0,
+    "moe_capacity_factor": 0,
+}
+#: Dense and MoE layouts with and without context, expert and pipeline parallelism,
+#: recomputation, eager attention and the korthikanti model.
+LAYOUTS = [
+    {},
+    {"cp": 2, "recompute": "full"},
+    {"pp": 4, "pipeline_split": "auto", "recompute": "selective", "zero": 1},
+    {"pp": 2, "pipeline_split": "auto", "attention": "eager", "tp": 2},
+    {"activation_model": "korthikanti", "tp": 4, "sequence_parallel": True, "zero": 3},
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.sampled_from([LLAMA_8B, MIXTRAL, ModelSpec.preset("deepseek-v3")]),
+    layout=st.sampled_from(LAYOUTS),
+    changes=st.lists(st.tuples(st.sampled_from(list(UNBOUNDED)), huge), min_size=1, max_size=6),
+)
+def test_valid_cells_are_finite_over_huge_inputs(
+    spec: ModelSpec, layout: dict[str, Any], changes: list[tuple[str, float]]
+) -> None:
+    base = {**UNBOUNDED, "dp": 4, "ep": 2 if spec.is_moe else 1, **layout}
+    # The base layout, then one huge input per cell.
+    cells = [base, *({**base, name: value} for name, value in changes)]
+    grid = estimate_memory_grid(spec, **{k: [cell[k] for cell in cells] for k in base})
+    table = np.stack(list(grid.to_dict().values()))
+    assert grid.valid[0]
+    assert np.isfinite(table[:, grid.valid]).all()
+    assert np.isnan(table[:, ~grid.valid]).all()
+    for i, cell in enumerate(cells):
+        if grid.valid[i]:
+            assert estimate_memory(spec, **cell).total == grid.total[i]
+            continue
+        error = TokenBatchOverflowError if grid.reasons()[i] == REASON_MESSAGES[-1] else None
+        with pytest.raises(error or InvalidValueError, match=re.escape(grid.reasons()[i])):
+            estimate_memory(spec, **cell)
+
+
+def test_plan_ranks_no_layout_whose_estimate_overflows() -> None:
+    kwargs: dict[str, Any] = {"num_gpus": 32, "seq_len": 4096, "global_batch_tokens": 4096 * 64}
+    assert plan(MIXTRAL, moe_capacity_factor=1.25, **kwargs)
+    assert plan(MIXTRAL, moe_capacity_factor=1e308, **kwargs) == []
+    assert plan(LLAMA_8B, master_weights=1e300, **kwargs) == []
 
 
 def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
