@@ -666,6 +666,47 @@ def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(["memory", "no-such-model"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("model", "flags", "options"),
+    [
+        # Llama 3.1 405B's published stages: 7 + 14 x 8 + 7 (Dubey et al. 2024, 3.3.2).
+        (
+            "llama-3.1-405b",
+            ["--first-stage-layers", "7", "--last-stage-layers", "7"],
+            {"first_stage_layers": 7, "last_stage_layers": 7},
+        ),
+        # One end given, the other stages splitting the rest: 6 + 15 x 8.
+        ("llama-3.1-405b", ["--first-stage-layers", "6"], {"first_stage_layers": 6}),
+        ("llama-3.1-405b", ["--pipeline-split", "embedding_and_loss"], {}),
+        # DeepSeek-V3's 61 layers: 3 + 14 x 4 + 2.
+        ("deepseek-v3", ["--pipeline-split", "auto", "--ep", "64"], {"ep": 64}),
+    ],
+)
+def test_cli_memory_takes_explicit_pipeline_stages(
+    model: str, flags: list[str], options: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = ["--seq-len", "8192", "--tp", "8", "--pp", "16", "--dp", "128", "--zero", "1"]
+    assert main(["memory", model, *layout, *flags, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    if "--pipeline-split" in flags:
+        options["pipeline_split"] = flags[flags.index("--pipeline-split") + 1]
+    spec = ModelSpec.preset(model)
+    layout_options = {"tp": 8, "pp": 16, "dp": 128, "zero": 1}
+    expected = estimate_memory(spec, seq_len=8192, **layout_options, **options)
+    assert data == {"model": spec.name, **expected.to_dict()}
+    # The stages are those asked for (not the even split, which 126 and 61 layers lack).
+    stages = estimate_memory_stages(spec, seq_len=8192, **layout_options, **options)
+    first, last = options.get("first_stage_layers"), options.get("last_stage_layers")
+    assert first in (None, stages[0].layers)
+    assert last in (None, stages[-1].layers)
+    assert sum(x.layers for x in stages) == spec.num_layers
+    with pytest.raises(InvalidValueError, match="do not split over pp"):
+        estimate_memory(spec, seq_len=8192, **layout_options)
+    # The planner chooses the stages itself.
+    with pytest.raises(InvalidTypeError, match="plan chooses"):
+        plan(spec, num_gpus=8, seq_len=8192, global_batch_tokens=8192 * 8, **options)
+
+
 def test_public_names() -> None:
     for name in (
         "ModelSpec",
