@@ -1582,7 +1582,7 @@ fn huge() -> impl Strategy<Value = f64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     /// Every valid cell's outputs are finite and non-negative, whatever huge finite values
     /// its fields take, on dense, MoE, MLA and GPT-style models, with and without context,
     /// expert and pipeline parallelism and recomputation (the configurations of
