@@ -6,6 +6,7 @@ import io
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -485,6 +486,115 @@ def test_bad_specs_and_arguments_raise() -> None:
         estimate_memory(LLAMA_8B, seq_len=10**30)
 
 
+MIXTRAL = ModelSpec.preset("mixtral-8x7b")
+OVERFLOW = "the estimate exceeds the range of a float"
+
+#: (model, the input too large, its value, a sane value, other options): bytes past the
+#: largest float through each input that multiplies them.
+ABSURD = [
+    (LLAMA_8B, "seq_len", 1.7e308, 4096, {}),
+    (LLAMA_8B, "micro_batch", 1e300, 1, {"pp": 4, "recompute": "full"}),
+    (LLAMA_8B, "seq_len", 1e160, 4096, {"attention": "eager"}),
+    (LLAMA_8B, "master_weights", 1e300, 1, {}),
+    (LLAMA_8B, "fp32_grad_accum", 1e300, 1, {"zero": 3, "dp": 8}),
+    (LLAMA_8B, "overhead_bytes", sys.float_info.max, 0, {"micro_batch": 1e290}),
+    (MIXTRAL, "moe_capacity_factor", 1e308, 1.25, {"ep": 2, "dp": 2}),
+    (MIXTRAL, "seq_len", 1e303, 4096, {"cp": 2, "recompute": "selective"}),
+]
+
+
+@pytest.mark.parametrize(("spec", "name", "value", "sane", "others"), ABSURD)
+def test_absurd_inputs_are_an_overflow_error_not_infinite_bytes(
+    spec: ModelSpec, name: str, value: float, sane: float, others: dict[str, Any]
+) -> None:
+    options = {"seq_len": 4096, **others, name: value}
+    # The error says what went wrong, with the values given of the inputs it names.
+    shown = ".*".join(f"{k}=" for k in options if k in ("seq_len", "micro_batch", name))
+    with pytest.raises(TokenBatchOverflowError, match=rf"^{OVERFLOW}.*\(got {shown}") as raised:
+        estimate_memory(spec, **options)
+    assert isinstance(raised.value, OverflowError)
+    with pytest.raises(TokenBatchOverflowError, match=OVERFLOW):
+        estimate_memory_stages(spec, **options)
+    # In a grid, the cell is invalid with that reason, next to the same layout with a sane
+    # value, which stays valid.
+    grid = estimate_memory_grid(spec, **{**options, name: [value, sane]})
+    assert grid.valid.tolist() == [False, True]
+    assert grid.reasons()[0].startswith(OVERFLOW)
+    assert np.isnan(grid.to_dict()["total"][0])
+    assert grid.fits(1e308).tolist() == [False, grid.total[1] <= 1e308]
+
+
+#: A huge finite number: the largest float, or m x 10^e with e from 16 (whole) to 308.
+huge = st.one_of(
+    st.just(sys.float_info.max),
+    st.builds(
+        lambda m, e: min(m * 10.0**e, sys.float_info.max),
+        st.floats(1, 1.79),
+        st.integers(16, 308),
+    ),
+)
+#: Options that take unbounded numbers, at sane values (counts past 2^53 are whole floats).
+UNBOUNDED = {
+    "seq_len": 4096,
+    "micro_batch": 1,
+    "dp": 4,
+    "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "vpp": 1,
+    "first_stage_layers": 0,
+    "last_stage_layers": 0,
+    "grad_accum_steps": 0,
+    "master_weights": 1,
+    "fp32_grad_accum": 0,
+    "overhead_bytes": 0,
+    "moe_capacity_factor": 0,
+}
+#: Dense and MoE layouts with and without context, expert and pipeline parallelism,
+#: recomputation, eager attention and the korthikanti model.
+LAYOUTS = [
+    {},
+    {"cp": 2, "recompute": "full"},
+    {"pp": 4, "pipeline_split": "auto", "recompute": "selective", "zero": 1},
+    {"pp": 2, "pipeline_split": "auto", "attention": "eager", "tp": 2},
+    {"activation_model": "korthikanti", "tp": 4, "sequence_parallel": True, "zero": 3},
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.sampled_from([LLAMA_8B, MIXTRAL, ModelSpec.preset("deepseek-v3")]),
+    layout=st.sampled_from(LAYOUTS),
+    changes=st.lists(st.tuples(st.sampled_from(list(UNBOUNDED)), huge), min_size=1, max_size=6),
+)
+def test_valid_cells_are_finite_over_huge_inputs(
+    spec: ModelSpec, layout: dict[str, Any], changes: list[tuple[str, float]]
+) -> None:
+    base = {**UNBOUNDED, "ep": 2 if spec.is_moe else 1, **layout}
+    # The base layout, then one huge input per cell.
+    cells = [base, *({**base, name: value} for name, value in changes)]
+    grid = estimate_memory_grid(spec, **{k: [cell[k] for cell in cells] for k in base})
+    table = np.stack(list(grid.to_dict().values()))
+    assert grid.valid[0]
+    assert np.isfinite(table[:, grid.valid]).all()
+    assert np.isnan(table[:, ~grid.valid]).all()
+    for i, cell in enumerate(cells):
+        if grid.valid[i]:
+            assert estimate_memory(spec, **cell).total == grid.total[i]
+            continue
+        overflow = grid.reasons()[i].startswith(OVERFLOW)
+        error = TokenBatchOverflowError if overflow else InvalidValueError
+        with pytest.raises(error, match=re.escape(grid.reasons()[i])):
+            estimate_memory(spec, **cell)
+
+
+def test_plan_ranks_no_layout_whose_estimate_overflows() -> None:
+    kwargs: dict[str, Any] = {"num_gpus": 32, "seq_len": 4096, "global_batch_tokens": 4096 * 64}
+    assert plan(MIXTRAL, moe_capacity_factor=1.25, **kwargs)
+    assert plan(MIXTRAL, moe_capacity_factor=1e308, **kwargs) == []
+    assert plan(LLAMA_8B, master_weights=1e300, **kwargs) == []
+
+
 def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
     memory = 80e9
     layout: dict[str, Any] = {"dp": 8, "zero": 1, "recompute": "selective"}
@@ -597,6 +707,47 @@ def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(["memory", "llama-3.1-8b", "--tp", "3"]) == 2
     assert "tp must divide num_heads" in capsys.readouterr().err
     assert main(["memory", "no-such-model"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "options"),
+    [
+        # Llama 3.1 405B's published stages: 7 + 14 x 8 + 7 (Dubey et al. 2024, 3.3.2).
+        (
+            "llama-3.1-405b",
+            ["--first-stage-layers", "7", "--last-stage-layers", "7"],
+            {"first_stage_layers": 7, "last_stage_layers": 7},
+        ),
+        # One end given, the other stages splitting the rest: 6 + 15 x 8.
+        ("llama-3.1-405b", ["--first-stage-layers", "6"], {"first_stage_layers": 6}),
+        ("llama-3.1-405b", ["--pipeline-split", "embedding_and_loss"], {}),
+        # DeepSeek-V3's 61 layers: 3 + 14 x 4 + 2.
+        ("deepseek-v3", ["--pipeline-split", "auto", "--ep", "64"], {"ep": 64}),
+    ],
+)
+def test_cli_memory_takes_explicit_pipeline_stages(
+    model: str, flags: list[str], options: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = ["--seq-len", "8192", "--tp", "8", "--pp", "16", "--dp", "128", "--zero", "1"]
+    assert main(["memory", model, *layout, *flags, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    if "--pipeline-split" in flags:
+        options["pipeline_split"] = flags[flags.index("--pipeline-split") + 1]
+    spec = ModelSpec.preset(model)
+    layout_options = {"tp": 8, "pp": 16, "dp": 128, "zero": 1}
+    expected = estimate_memory(spec, seq_len=8192, **layout_options, **options)
+    assert data == {"model": spec.name, **expected.to_dict()}
+    # The stages are those asked for (not the even split, which 126 and 61 layers lack).
+    stages = estimate_memory_stages(spec, seq_len=8192, **layout_options, **options)
+    first, last = options.get("first_stage_layers"), options.get("last_stage_layers")
+    assert first in (None, stages[0].layers)
+    assert last in (None, stages[-1].layers)
+    assert sum(x.layers for x in stages) == spec.num_layers
+    with pytest.raises(InvalidValueError, match="do not split over pp"):
+        estimate_memory(spec, seq_len=8192, **layout_options)
+    # The planner chooses the stages itself.
+    with pytest.raises(InvalidTypeError, match="plan chooses"):
+        plan(spec, num_gpus=8, seq_len=8192, global_batch_tokens=8192 * 8, **options)
 
 
 def test_public_names() -> None:

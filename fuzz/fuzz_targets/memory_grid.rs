@@ -209,7 +209,10 @@ fuzz_target!(|case: Case| {
                         e.to_bits(),
                         "cell {cell} field {k}: grid {g}, alone {e}"
                     );
-                    assert!(*g >= 0.0, "cell {cell} field {k} is {g} for {values:?}");
+                    assert!(
+                        g.is_finite() && *g >= 0.0,
+                        "cell {cell} field {k} is {g} for {values:?}"
+                    );
                 }
             }
             Ok(Err(invalid)) => {

@@ -22,7 +22,7 @@ from tokenbatch.cli.units import (
     positive_real,
 )
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.memory.estimate import GIB, MemoryEstimate, estimate_memory
+from tokenbatch.memory.estimate import GIB, PIPELINE_SPLITS, MemoryEstimate, estimate_memory
 from tokenbatch.memory.hardware import HARDWARE
 from tokenbatch.memory.planner import plan
 from tokenbatch.memory.spec import PRESETS, ModelSpec
@@ -96,6 +96,23 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     memory.add_argument("--sequence-parallel", action="store_true")
     memory.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    memory.add_argument(
+        "--pipeline-split",
+        choices=list(PIPELINE_SPLITS),
+        default="even",
+        help="how layers split over the --pp stages: even (default), auto (first and last "
+        "stages take fewer when pp does not divide the layers), or the embedding and/or the "
+        "loss counted as a layer (Megatron-LM's --account-for-*-in-pipeline-split)",
+    )
+    for end in ("first", "last"):
+        memory.add_argument(
+            f"--{end}-stage-layers",
+            type=count(),
+            metavar="N",
+            help=f"layers of the {end} pipeline stage, the other stages splitting the rest "
+            f"evenly (Megatron-LM's --decoder-{end}-pipeline-num-layers; with "
+            "--pipeline-split even)",
+        )
     memory.add_argument(
         "--gpu-memory",
         type=byte_size(minimum=GPU_MEMORY_MINIMUM),
@@ -221,6 +238,9 @@ def run_memory(args: argparse.Namespace) -> int:
         zero=args.zero,
         sequence_parallel=args.sequence_parallel,
         recompute=args.recompute,
+        pipeline_split=args.pipeline_split,
+        first_stage_layers=args.first_stage_layers,
+        last_stage_layers=args.last_stage_layers,
         **_options(args),
     )
     gpu_memory = args.gpu_memory

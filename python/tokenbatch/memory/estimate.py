@@ -36,7 +36,7 @@ _F64 = npt.NDArray[np.float64]
 # What the grid reads in place: float64, int64 or bool.
 _Numbers = npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.bool_]
 
-LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES = (list(x) for x in _core.memory_fields())
+LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES, _OVERFLOW_REASON = _core.memory_fields()
 
 #: Bytes per element of the dtype names accepted by the ``*_dtype`` options.
 DTYPE_BYTES: dict[str, int] = {
@@ -224,6 +224,13 @@ def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _Numbers:
     return _lookup(name, value, DTYPE_BYTES, strict=strict)
 
 
+def _fp32_bytes(flag: _Numbers) -> npt.NDArray[np.float64]:
+    """4 bytes per parameter where an fp32 copy is kept. An absurd flag overflows to
+    infinity quietly: the core then refuses the byte size."""
+    with np.errstate(over="ignore"):
+        return np.multiply(4.0, flag, dtype=np.float64)
+
+
 def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Column]:
     """Turn user options into the core's layout fields (compact, unbroadcast): numbers,
     and for a grid (not ``strict``) arrays of names, which the grid reads itself."""
@@ -250,7 +257,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Co
         master = np.where(param < 4, 4.0, 0.0)
         master[np.isnan(param)] = math.nan
     else:
-        master = 4.0 * _numeric("master_weights", o["master_weights"])
+        master = _fp32_bytes(_numeric("master_weights", o["master_weights"]))
     states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
     state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
     fields: dict[str, _Column] = {
@@ -268,9 +275,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Co
         "grad_accum_steps": _optional_count("grad_accum_steps", o["grad_accum_steps"]),
         "param_bytes": param,
         "grad_bytes": grad,
-        "grad_buffer_bytes": np.multiply(
-            4.0, _numeric("fp32_grad_accum", o["fp32_grad_accum"]), dtype=np.float64
-        ),
+        "grad_buffer_bytes": _fp32_bytes(_numeric("fp32_grad_accum", o["fp32_grad_accum"])),
         "master_bytes": np.ascontiguousarray(master, dtype=np.float64),
         "optimizer_state_bytes": np.ascontiguousarray(state_bytes, dtype=np.float64),
         "activation_bytes": act,
@@ -451,13 +456,16 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
 
     Raises :class:`~tokenbatch.errors.InvalidValueError` naming the parameter when the
     layout does not fit the model (``tp`` not dividing the heads, ``pp`` not dividing the
-    layers, ``zero`` > 3, negative or NaN values...).
+    layers, ``zero`` > 3, negative or NaN values...), and
+    :class:`~tokenbatch.errors.TokenBatchOverflowError` when an input is so large that the
+    estimate is past the range of a float (about 1.8e308 bytes), rather than returning
+    infinite or NaN bytes.
     """
     fields = _scalar_fields(seq_len, options)
     _, table, reasons = _run_grid(spec, fields)
     reason = int(reasons.reshape(-1)[0])
     if reason:
-        raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+        raise _invalid(reason, {"seq_len": seq_len, **options})
     return _estimate_from_row(spec, seq_len, options, fields, table[:, 0])
 
 
@@ -467,8 +475,8 @@ def estimate_memory_stages(
     """The estimate of every pipeline stage, first to last.
 
     Takes the options of :func:`estimate_memory`, which reports the busiest of these
-    stages. Useful with uneven stages, where the first and last stages hold fewer layers
-    than the others and the busiest stage is not obvious.
+    stages, and raises what it raises. Useful with uneven stages, where the first and last
+    stages hold fewer layers than the others and the busiest stage is not obvious.
     """
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
@@ -476,7 +484,7 @@ def estimate_memory_stages(
     values = [float(array.reshape(-1)[0]) for array in fields.values()]
     flat, reason = _core.memory_stages(spec.core_dict(), values)
     if reason:
-        raise InvalidValueError(_reason_message(reason, {"seq_len": seq_len, **options}))
+        raise _invalid(reason, {"seq_len": seq_len, **options})
     rows = flat.reshape(-1, len(OUTPUT_FIELDS))
     return [_estimate_from_row(spec, seq_len, options, fields, row) for row in rows]
 
@@ -513,11 +521,15 @@ def _estimate_from_row(
     )
 
 
-def _reason_message(code: int, options: Mapping[str, Any]) -> str:
+def _invalid(code: int, options: Mapping[str, Any]) -> InvalidValueError | TokenBatchOverflowError:
+    """The error of reason ``code``: an overflow for an estimate past the range of a float."""
     message = REASON_MESSAGES[code - 1]
     shown = {k: v for k, v in options.items() if k in message or k == "seq_len"}
     given = ", ".join(f"{k}={v!r}" for k, v in shown.items())
-    return f"{message} (got {given})" if given else message
+    text = f"{message} (got {given})" if given else message
+    if code == _OVERFLOW_REASON:
+        return TokenBatchOverflowError(text)
+    return InvalidValueError(text)
 
 
 class MemoryGrid:

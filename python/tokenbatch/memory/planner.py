@@ -327,9 +327,9 @@ def plan(
             f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len}"
         )
     chosen = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "recompute"}
-    clash = (chosen | {"seq_len", "sequence_parallel", "grad_accum_steps", "pipeline_split"}) & set(
-        options
-    )
+    chosen |= {"seq_len", "sequence_parallel", "grad_accum_steps"}
+    chosen |= {"pipeline_split", "first_stage_layers", "last_stage_layers"}
+    clash = chosen & set(options)
     if clash:
         raise InvalidTypeError(f"plan chooses {', '.join(sorted(clash))} itself")
     inputs = scalar_inputs(options)

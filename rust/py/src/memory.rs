@@ -4,8 +4,8 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntyped
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, Layout, ModelSpec, NameTable, NormType, Values,
-    INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, Invalid, Layout, ModelSpec, NameTable, NormType,
+    Values, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -282,15 +282,19 @@ fn memory_stages<'py>(
     })
 }
 
-/// Names of the grid inputs, of the output columns, and the invalid-reason messages
-/// (reason code `i` is `messages[i - 1]`).
+/// Names, in the order the grid uses them.
+type Names = Vec<&'static str>;
+
+/// Names of the grid inputs, of the output columns, the invalid-reason messages (reason
+/// code `i` is `messages[i - 1]`) and the code of an estimate past the range of a float.
 #[pyfunction]
-fn memory_fields() -> PyResult<(Vec<&'static str>, Vec<&'static str>, Vec<&'static str>)> {
+fn memory_fields() -> PyResult<(Names, Names, Names, u8)> {
     guard("memory_fields", || {
         Ok((
             LAYOUT_FIELDS.to_vec(),
             OUTPUT_FIELDS.to_vec(),
             INVALID_REASONS.iter().map(|r| r.message()).collect(),
+            Invalid::Overflow.code(),
         ))
     })
 }

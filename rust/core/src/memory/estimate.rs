@@ -442,7 +442,7 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
     check_fields(l)?;
     let stages = validate_fit(&prep.spec, l)?;
     let terms = Terms::new(prep, &TermsKey::new(l));
-    Ok(estimate_valid(prep, l, &terms, stages))
+    estimate_valid(prep, l, &terms, stages)
 }
 
 /// Estimates configurations one after the other, as a grid does: the [`Terms`] of each
@@ -508,16 +508,27 @@ pub(crate) fn estimate_with_terms(
     let stages = split_fit(&prep.spec, l)?;
     terms.ep_fit?;
     ep_group_fit(l)?;
-    Ok(estimate_valid(prep, l, terms, stages))
+    estimate_valid(prep, l, terms, stages)
 }
 
-/// The busiest stage of a valid configuration.
+/// The busiest stage of a valid configuration, or [`Invalid::Overflow`] where a stage's
+/// total is past the largest `f64` (infinite, or NaN where an infinite count of tokens met
+/// zero bytes): an estimate of absurd inputs is refused rather than reported as valid.
+/// Every non-negative output of a stage adds up into its total (or, for the offloaded
+/// optimizer state, is at most a part of it), so one check of each evaluated stage's total
+/// covers them all; the middle stages skipped below hold at most what the first holds.
 #[inline(always)]
-fn estimate_valid(prep: &Prepared, l: &Layout, terms: &Terms, stages: StageLayers) -> Breakdown {
+fn estimate_valid(
+    prep: &Prepared,
+    l: &Layout,
+    terms: &Terms,
+    stages: StageLayers,
+) -> Result<Breakdown, Invalid> {
     let config = Config::new(prep, l, terms, stages);
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
     let mut best = config.stage(0, first_counts);
+    let mut finite = best.total.is_finite();
     // A middle stage holding the same layers as the first stage or as the middle stage
     // before it cannot be the busiest: it has the same layer states, fewer micro-batches in
     // flight and no embedding. That leaves two stages to evaluate for a dense model,
@@ -536,29 +547,41 @@ fn estimate_valid(prep: &Prepared, l: &Layout, terms: &Terms, stages: StageLayer
         }
         previous_middle = counts;
         let candidate = config.stage(stage, counts);
+        finite &= candidate.total.is_finite();
         if candidate.total > best.total {
             best = candidate;
         }
     }
     if pp > 1 {
         let candidate = config.stage(pp - 1, config.layer_counts(pp - 1));
+        finite &= candidate.total.is_finite();
         if candidate.total > best.total {
             best = candidate;
         }
     }
-    best
+    if finite {
+        Ok(best)
+    } else {
+        Err(Invalid::Overflow)
+    }
 }
 
 /// The breakdown of every pipeline stage of a configuration (the spec must have been
-/// validated); [`estimate`] reports the first stage with the largest total.
+/// validated); [`estimate`] reports the first stage with the largest total. As there, a
+/// stage whose total is past the largest `f64` makes it [`Invalid::Overflow`].
 pub fn estimate_stages(prep: &Prepared, l: &Layout) -> Result<Vec<Breakdown>, Invalid> {
     check_fields(l)?;
     let stages = validate_fit(&prep.spec, l)?;
     let terms = Terms::new(prep, &TermsKey::new(l));
     let config = Config::new(prep, l, &terms, stages);
-    Ok((0..l.pp as u64)
+    let breakdowns: Vec<Breakdown> = (0..l.pp as u64)
         .map(|stage| config.stage(stage, config.layer_counts(stage)))
-        .collect())
+        .collect();
+    if breakdowns.iter().all(|b| b.total.is_finite()) {
+        Ok(breakdowns)
+    } else {
+        Err(Invalid::Overflow)
+    }
 }
 
 /// Words of a [`TermsKey`].

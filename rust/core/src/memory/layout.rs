@@ -294,10 +294,13 @@ pub enum Invalid {
     EpExperts,
     EpDense,
     EpDpCp,
+    /// The estimate of a configuration that passed every other check is infinite or NaN:
+    /// an input is so large that the bytes are past the largest `f64`.
+    Overflow,
 }
 
 /// Every invalid reason, in code order (code = index + 1).
-pub const INVALID_REASONS: [Invalid; 31] = [
+pub const INVALID_REASONS: [Invalid; 32] = [
     Invalid::SeqLen,
     Invalid::MicroBatch,
     Invalid::Dp,
@@ -329,6 +332,7 @@ pub const INVALID_REASONS: [Invalid; 31] = [
     Invalid::EpExperts,
     Invalid::EpDense,
     Invalid::EpDpCp,
+    Invalid::Overflow,
 ];
 
 impl Invalid {
@@ -389,6 +393,11 @@ impl Invalid {
             Invalid::EpExperts => "ep must divide num_experts",
             Invalid::EpDense => "ep must be 1 for a dense model",
             Invalid::EpDpCp => "ep must divide dp * cp (experts are sharded inside the data-parallel group)",
+            Invalid::Overflow => {
+                "the estimate exceeds the range of a float (about 1.8e308 bytes): an input is too \
+                 large (seq_len, micro_batch, moe_capacity_factor, overhead_bytes, master_weights, \
+                 fp32_grad_accum or another byte size)"
+            }
         }
     }
 }

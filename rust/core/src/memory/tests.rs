@@ -1449,22 +1449,229 @@ fn the_terms_key_holds_exactly_its_listed_fields() {
     }
 }
 
+/// The grid's cells (a list, then the same cells as a two-dimensional broadcast) and the
+/// stages of each cell's single estimate, checked against its single estimate.
+fn assert_grid_and_stages_agree(
+    spec: &ModelSpec,
+    layouts: &[Layout],
+) -> std::result::Result<GridTable, TestCaseError> {
+    let n = layouts.len();
+    let columns: Vec<Vec<f64>> = (0..N_LAYOUT_FIELDS)
+        .map(|f| layouts.iter().map(|l| l.to_values()[f]).collect())
+        .collect();
+    let list: Vec<GridInput> = columns
+        .iter()
+        .map(|c| GridInput {
+            data: c[..].into(),
+            strides: &[1],
+        })
+        .collect();
+    let out = estimate_grid(spec, &[n], &list).unwrap();
+    assert_cells_are_single_estimates(spec, &out, layouts)?;
+    let broadcast: Vec<GridInput> = columns
+        .iter()
+        .map(|c| GridInput {
+            data: c[..].into(),
+            strides: &[1, 0],
+        })
+        .collect();
+    let grid = estimate_grid(spec, &[n, 1], &broadcast).unwrap();
+    prop_assert_eq!(&grid.reasons, &out.reasons);
+    let prep = Prepared::new(spec);
+    for layout in layouts {
+        // `estimate_memory_stages` refuses what `estimate_memory` refuses.
+        let single = estimate(&prep, layout).map(|_| ());
+        let stages = estimate_stages(&prep, layout).map(|_| ());
+        prop_assert_eq!(single, stages, "{:?}", layout);
+    }
+    Ok(out)
+}
+
 #[test]
-fn an_overflowing_token_count_is_infinite_bytes_not_nan() {
+fn absurd_inputs_are_an_overflow_not_infinite_or_nan_bytes() {
     // seq_len x micro_batch beyond f64 made the activations infinite and, times a zero
-    // communication buffer, the total NaN in a cell reported valid. Found by the
-    // `memory_grid` fuzz target.
-    let layout = Layout {
-        seq_len: 1.3e241,
-        micro_batch: 5.9e170,
-        ..Layout::default()
-    };
-    let breakdown = one(&llama_8b(), &layout);
-    assert!(
-        breakdown.to_values().iter().all(|v| !v.is_nan()),
-        "{breakdown:?}"
-    );
-    assert_eq!(breakdown.total, f64::INFINITY);
+    // communication buffer, the total NaN in a cell reported valid (found by the
+    // `memory_grid` fuzz target); the same for every input that multiplies bytes.
+    let base = Layout::default();
+    let dense = [
+        Layout {
+            seq_len: 1.3e241,
+            micro_batch: 5.9e170,
+            ..base
+        },
+        Layout {
+            seq_len: f64::MAX,
+            ..base
+        },
+        Layout {
+            micro_batch: 1e300,
+            ..base
+        },
+        Layout {
+            micro_batch: 1e300,
+            pp: 4.0,
+            recompute: 2.0,
+            ..base
+        },
+        Layout {
+            seq_len: 1e303,
+            cp: 2.0,
+            recompute: 1.0,
+            ..base
+        },
+        // Eager attention keeps seq_len^2 probabilities: 1e160 tokens are enough.
+        Layout {
+            seq_len: 1e160,
+            attention: 1.0,
+            ..base
+        },
+        Layout {
+            seq_len: 1e160,
+            activation_model: 1.0,
+            ..base
+        },
+        Layout {
+            param_bytes: f64::MAX,
+            ..base
+        },
+        Layout {
+            grad_buffer_bytes: 1e300,
+            ..base
+        },
+        Layout {
+            master_bytes: f64::MAX,
+            optimizer_offload: 0.5,
+            ..base
+        },
+        Layout {
+            optimizer_state_bytes: f64::MAX,
+            optimizer_offload: 1.0,
+            ..base
+        },
+        Layout {
+            activation_bytes: f64::MAX,
+            ..base
+        },
+        Layout {
+            logits_bytes: f64::MAX,
+            pp: 2.0,
+            ..base
+        },
+        Layout {
+            overhead_bytes: f64::MAX,
+            micro_batch: 1e290,
+            ..base
+        },
+    ];
+    let moe = [
+        Layout {
+            moe_capacity_factor: 1e300,
+            ep: 2.0,
+            dp: 2.0,
+            ..base
+        },
+        Layout {
+            moe_capacity_factor: f64::MAX,
+            pp: 2.0,
+            recompute: 2.0,
+            ..base
+        },
+        Layout {
+            seq_len: 1e303,
+            ep: 4.0,
+            dp: 4.0,
+            ..base
+        },
+    ];
+    for (spec, layouts) in [(llama_8b(), &dense[..]), (mixtral(), &moe[..])] {
+        for layout in layouts {
+            assert_eq!(
+                estimate_one(&spec, layout).unwrap(),
+                Err(Invalid::Overflow),
+                "{layout:?}"
+            );
+        }
+        let out = assert_grid_and_stages_agree(&spec, layouts).unwrap();
+        assert!(out.reasons.iter().all(|&r| r == Invalid::Overflow.code()));
+    }
+    // Large but representable inputs stay valid: 1e300 bytes of overhead, and 2^60 tokens.
+    for layout in [
+        Layout {
+            overhead_bytes: 1e300,
+            ..base
+        },
+        Layout {
+            micro_batch: 2f64.powi(48),
+            ..base
+        },
+    ] {
+        let b = one(&llama_8b(), &layout);
+        assert!(b.to_values().iter().all(|v| v.is_finite()), "{b:?}");
+    }
+}
+
+/// Fields that take unbounded values, each with the largest of them passing its own check
+/// (from 2^53 on every double is a whole number, so counts can be huge too).
+const UNBOUNDED_FIELDS: [usize; 19] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18, 22, 23, 24,
+];
+
+/// A huge finite value: a power of ten from 1e16 (whole) to 1e308, or the largest double.
+fn huge() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(f64::MAX),
+        (16i32..=308, 1.0f64..1.79).prop_map(|(e, m)| (m * 10f64.powi(e)).min(f64::MAX)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    /// Every valid cell's outputs are finite and non-negative, whatever huge finite values
+    /// its fields take, on dense, MoE, MLA and GPT-style models, with and without context,
+    /// expert and pipeline parallelism and recomputation (the configurations of
+    /// `FIELD_VALUES`); a cell past the range of a float is `Overflow`, in the grid, the
+    /// single estimate and the estimate of every stage alike.
+    #[test]
+    fn valid_cells_have_finite_outputs_over_huge_inputs(
+        cells in prop::collection::vec(
+            (
+                prop::array::uniform31(value_pick()),
+                prop::collection::vec((prop::sample::select(&UNBOUNDED_FIELDS[..]), huge()), 1..4),
+                // moe_capacity_factor, huge or not (its values otherwise keep MoE valid).
+                prop::option::of(huge()),
+            ),
+            1..8,
+        ),
+    ) {
+        let layouts: Vec<Layout> = cells
+            .iter()
+            .map(|(picks, huge_fields, capacity)| {
+                let mut row: [f64; N_LAYOUT_FIELDS] =
+                    std::array::from_fn(|f| FIELD_VALUES[f][picks[f] % FIELD_VALUES[f].len()]);
+                for &(field, value) in huge_fields {
+                    row[field] = value;
+                }
+                if let Some(capacity) = capacity {
+                    row[26] = *capacity;
+                }
+                Layout::from_values(&row)
+            })
+            .collect();
+        for spec in every_kind_of_model() {
+            let out = assert_grid_and_stages_agree(&spec, &layouts)?;
+            for (cell, layout) in layouts.iter().enumerate() {
+                let row: Vec<f64> = (0..N_OUTPUT_FIELDS).map(|f| out.field(f)[cell]).collect();
+                if out.reasons[cell] == 0 {
+                    prop_assert!(
+                        row.iter().all(|v| v.is_finite() && *v >= 0.0),
+                        "{:?}: {:?}", layout, row
+                    );
+                } else {
+                    prop_assert!(row.iter().all(|v| v.is_nan()));
+                }
+            }
+        }
+    }
 }
 
 #[test]
