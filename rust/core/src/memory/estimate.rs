@@ -442,7 +442,7 @@ pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {
     check_fields(l)?;
     let stages = validate_fit(&prep.spec, l)?;
     let terms = Terms::new(prep, &TermsKey::new(l));
-    estimate_valid(prep, l, &terms, stages)
+    finite(estimate_valid(prep, l, &terms, stages))
 }
 
 /// Estimates configurations one after the other, as a grid does: the [`Terms`] of each
@@ -508,22 +508,28 @@ pub(crate) fn estimate_with_terms(
     let stages = split_fit(&prep.spec, l)?;
     terms.ep_fit?;
     ep_group_fit(l)?;
-    estimate_valid(prep, l, terms, stages)
+    finite(estimate_valid(prep, l, terms, stages))
 }
 
-/// The busiest stage of a valid configuration, or [`Invalid::Overflow`] where a stage's
-/// total is past the largest `f64` (infinite, or NaN where an infinite count of tokens met
-/// zero bytes): an estimate of absurd inputs is refused rather than reported as valid.
-/// Every non-negative output of a stage adds up into its total (or, for the offloaded
-/// optimizer state, is at most a part of it), so one check of each evaluated stage's total
-/// covers them all; the middle stages skipped below hold at most what the first holds.
+/// A breakdown whose total is a number, or [`Invalid::Overflow`]: an estimate of absurd
+/// inputs is refused rather than reported as valid.
 #[inline(always)]
-fn estimate_valid(
-    prep: &Prepared,
-    l: &Layout,
-    terms: &Terms,
-    stages: StageLayers,
-) -> Result<Breakdown, Invalid> {
+fn finite(breakdown: Breakdown) -> Result<Breakdown, Invalid> {
+    if breakdown.total.is_finite() {
+        Ok(breakdown)
+    } else {
+        Err(Invalid::Overflow)
+    }
+}
+
+/// The busiest stage of a valid configuration, with an infinite total where some stage's
+/// total is past the largest `f64` (infinite, or NaN where an infinite count of tokens met
+/// zero bytes; a NaN stage would never win the comparison below). Every non-negative
+/// output of a stage adds up into its total (or, for the offloaded optimizer state, is at
+/// most a part of it), so one check of each evaluated stage's total covers them all; the
+/// middle stages skipped below hold at most what the first holds.
+#[inline(always)]
+fn estimate_valid(prep: &Prepared, l: &Layout, terms: &Terms, stages: StageLayers) -> Breakdown {
     let config = Config::new(prep, l, terms, stages);
     let pp = l.pp as u64;
     let first_counts = config.layer_counts(0);
@@ -559,11 +565,10 @@ fn estimate_valid(
             best = candidate;
         }
     }
-    if finite {
-        Ok(best)
-    } else {
-        Err(Invalid::Overflow)
+    if !finite {
+        best.total = f64::INFINITY;
     }
+    best
 }
 
 /// The breakdown of every pipeline stage of a configuration (the spec must have been
