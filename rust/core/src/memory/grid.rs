@@ -413,7 +413,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
 }
 
 /// Cells of a list gathered at a time: their layouts stay in the core's first-level cache.
-const LIST_BATCH: usize = 64;
+const LIST_BATCH: usize = 32;
 
 /// The reason of the first field, in field order, that fails its own check.
 fn first_bad_field(layout: &Layout) -> Invalid {
