@@ -291,6 +291,20 @@ impl FieldRule {
         }
         each!(PositiveInteger Count ZeroStage Flag ThreeWay PipelineSplit NonNegative Fraction);
     }
+
+    /// The least and the largest value the rule accepts: for whole numbers (an integer
+    /// column), [`FieldRule::accepts`] is just this range.
+    #[inline(always)]
+    pub(crate) fn range(self) -> (f64, f64) {
+        match self {
+            FieldRule::PositiveInteger => (1.0, f64::MAX),
+            FieldRule::Count | FieldRule::NonNegative => (0.0, f64::MAX),
+            FieldRule::ZeroStage => (0.0, 3.0),
+            FieldRule::Flag | FieldRule::Fraction => (0.0, 1.0),
+            FieldRule::ThreeWay => (0.0, 2.0),
+            FieldRule::PipelineSplit => (0.0, 4.0),
+        }
+    }
 }
 
 /// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))

@@ -84,6 +84,30 @@ impl Values<'_> {
         }
     }
 
+    /// [`Values::copy_to`], clearing `ok[i]` where value `i` breaks `rule`. Integers are
+    /// whole numbers: their check is a range, read as they are converted.
+    #[inline(always)]
+    pub(crate) fn copy_checked(
+        &self,
+        first: usize,
+        out: &mut [f64],
+        rule: FieldRule,
+        ok: &mut [bool],
+    ) {
+        if let Values::I64(values) = self {
+            let (low, high) = rule.range();
+            let values = &values[first..first + out.len()];
+            for ((o, ok), &x) in out.iter_mut().zip(ok.iter_mut()).zip(values) {
+                let x = x as f64;
+                *o = x;
+                *ok &= (x >= low) & (x <= high);
+            }
+        } else {
+            self.copy_to(first, out);
+            rule.check_all(out, ok);
+        }
+    }
+
     /// Whether some value is `x`.
     pub fn contains(&self, x: f64) -> bool {
         let mut values = [0.0; 1024];
@@ -388,8 +412,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
             ok[..n].fill(scalars_ok);
             for &(field, rule, data, word) in &columns_of {
                 let values = &mut values[..n];
-                data.copy_to(first + start, values);
-                rule.check_all(values, &mut ok[..n]);
+                data.copy_checked(first + start, values, rule, &mut ok[..n]);
                 Layout::set_all(&mut layouts[..n], field, values);
                 for (key, x) in keys[..n].iter_mut().zip(values.iter()) {
                     key[word] = x.to_bits();

@@ -90,7 +90,7 @@ impl NameTable {
         for (code, row) in out.iter_mut().zip(text.chunks_exact(W)) {
             let mut folded = [0u32; W];
             for (f, &c) in folded.iter_mut().zip(row) {
-                *f = fold(c);
+                *f = fold_ascii(c);
             }
             let bits = names
                 .iter()
@@ -101,6 +101,10 @@ impl NameTable {
                     (known.to_bits() & matches) | (bits & !matches)
                 });
             *code = f64::from_bits(bits);
+            if code.is_nan() && row.contains(&KELVIN_SIGN) {
+                // Rare: folded in full, one code point at a time.
+                self.codes_of_any_width(row, std::slice::from_mut(code));
+            }
         }
     }
 
@@ -122,16 +126,24 @@ impl NameTable {
 /// Names a table compares without a loop over them (the longest table, dtypes, has 8).
 const MAX_FAST_NAMES: usize = 8;
 
+/// The one code point besides `A`-`Z` whose lowercase (in Python's `str.lower`) is ASCII.
+const KELVIN_SIGN: u32 = 0x212A;
+
 /// A code point lowercased where its lowercase is ASCII (`A`-`Z`, and the Kelvin sign to
 /// `k`, as Python's `str.lower` does); any other is left as it is.
 #[inline(always)]
 fn fold(c: u32) -> u32 {
-    const KELVIN_SIGN: u32 = 0x212A;
     if c == KELVIN_SIGN {
         u32::from(b'k')
     } else {
-        c + (u32::from(c.wrapping_sub(u32::from(b'A')) < 26) << 5)
+        fold_ascii(c)
     }
+}
+
+/// `A`-`Z` lowercased, without a branch (so that a row folds in a few vector instructions).
+#[inline(always)]
+fn fold_ascii(c: u32) -> u32 {
+    c + (u32::from(c.wrapping_sub(u32::from(b'A')) < 26) << 5)
 }
 
 /// For each fixed-width string of `text` (the table's width in code points, padded with
