@@ -413,11 +413,35 @@ fn ep_fit(spec: &ModelSpec, ep: f64) -> Result<(), Invalid> {
 /// Whether `ep` divides the data- and context-parallel ranks that shard the experts.
 #[inline(always)]
 fn ep_group_fit(l: &Layout) -> Result<(), Invalid> {
-    if divides(l.ep, (l.dp * l.cp) as u64) {
+    // Below 2^53 the float product is exact (and is below 2^53 only if the exact one is).
+    let fits = if l.dp * l.cp < TWO_POW_53 {
+        divides(l.ep, (l.dp * l.cp) as u64)
+    } else {
+        divides_product(l.ep, l.dp, l.cp)
+    };
+    if fits {
         Ok(())
     } else {
         Err(Invalid::EpDpCp)
     }
+}
+
+/// 2^53: whole numbers up to it are exact in an `f64`.
+const TWO_POW_53: f64 = 9_007_199_254_740_992.0;
+
+/// Whether `d` (a validated positive whole number, at most the number of experts) divides
+/// `a * b` (validated positive whole numbers whose product may be past 2^53): `d / gcd(d, a)` must divide
+/// `b`. A float's remainder is exact, so huge `a` and `b` are read as they are.
+#[cold]
+fn divides_product(d: f64, a: f64, b: f64) -> bool {
+    let d = d as u64;
+    let mut x = d;
+    let mut y = (a % d as f64) as u64;
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    let rest = d / x;
+    b % rest as f64 == 0.0
 }
 
 /// Routed copies per token relative to `top_k`: the capacity factor when experts' inputs

@@ -1768,3 +1768,36 @@ fn a_column_of_names_gives_the_grid_its_codes_give() {
         assert!(found.reasons.contains(&0));
     }
 }
+
+#[test]
+fn experts_divide_huge_data_parallel_groups_exactly() {
+    // `ep` must divide `dp * cp`, also where the product is past 2^64 (as a float, its
+    // conversion to an integer would saturate) or past 2^53 (where it would round).
+    let spec = mixtral();
+    let two_pow = |k: i32| 2f64.powi(k);
+    for (dp, cp, ep, fits) in [
+        (two_pow(70), 1.0, 2.0, true),
+        (two_pow(70), 1.0, 8.0, true),
+        (3.0 * two_pow(70), 1.0, 8.0, true),
+        // An odd dp times 3: odd, though the float product rounds to an even number.
+        (two_pow(53) - 1.0, 3.0, 2.0, false),
+        (two_pow(53) - 1.0, 6.0, 2.0, true),
+        (two_pow(53) - 1.0, 6.0, 4.0, false),
+        (two_pow(53) - 1.0, 3.0 * two_pow(60), 8.0, true),
+        (1e300, 1.0, 4.0, true),
+    ] {
+        let layout = Layout {
+            seq_len: 1024.0,
+            dp,
+            cp,
+            ep,
+            ..Layout::default()
+        };
+        let group = validate(&spec, &layout);
+        assert_eq!(
+            group != Err(Invalid::EpDpCp),
+            fits,
+            "dp {dp:e} cp {cp} ep {ep}: {group:?}"
+        );
+    }
+}
