@@ -608,8 +608,9 @@ def estimate_memory_grid(spec: ModelSpec, **params: Any) -> MemoryGrid:
     Takes the options of :func:`estimate_memory`, any of which may be a numpy array (or a
     list); the arrays broadcast like numpy arrays, e.g. ``tp=np.array([1, 2, 4, 8])[:, None]``
     and ``seq_len=np.array([2048, 4096])`` give a ``(4, 2)`` grid. String options accept
-    arrays of strings. Cells whose layout is invalid are NaN and flagged in ``valid``; the
-    grid itself never fails because of them.
+    arrays of strings, matched in any case. Cells whose layout is invalid (an unknown name
+    among them) are NaN and flagged in ``valid``; the grid itself never fails because of
+    them.
     """
     converted = {
         k: (np.asarray(v) if isinstance(v, (list, tuple)) else v) for k, v in params.items()
