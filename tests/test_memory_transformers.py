@@ -4,7 +4,9 @@ Each family is built from a small config (the ``tiny`` size of
 benches/gpu/memory_check.py, which measures the same models on a GPU), trained for one
 step and measured with :func:`tokenbatch.profile`: weights, gradients and optimizer state
 must match the estimate exactly, and the bytes saved for backward (saved-tensor hooks,
-deduplicated by storage, parameters excluded) within 5%. ``python
+deduplicated by storage, parameters excluded) within 5%, without recomputation, with
+selective recomputation (the attention core under a checkpoint: ``selective_attention`` of
+the script) and with full recomputation. ``python
 tests/test_memory_transformers.py`` prints the accuracy table of docs/memory.md.
 """
 
@@ -24,8 +26,8 @@ CASES = [
     for family in memory_check.FAMILIES
     for dtype in ("bf16", "fp32")
     for attention in ("sdpa", "eager")
-    for recompute in ("none", "full")
-    if recompute == "none" or attention == "sdpa"
+    for recompute in memory_check.RECOMPUTE
+    if recompute != "full" or attention == "sdpa"
 ]
 
 
@@ -38,14 +40,31 @@ def test_estimate_matches_a_real_training_step(
     assert abs(check.activation_error) < 0.05, check
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", memory_check.FAMILIES)
+def test_selective_recomputation_frees_what_the_estimate_says(family: str, attention: str) -> None:
+    # What recomputing the attention core frees is small next to a layer (with SDPA, the
+    # log-sum-exp; for DeepSeek-V3 also the output that `o_proj` copies), so the 5% of
+    # the totals would not catch a wrong core: its bytes must match on their own.
+    none, selective = (
+        memory_check.measure(family, recompute=recompute, attention=attention)
+        for recompute in ("none", "selective")
+    )
+    freed = none.measured_saved - selective.measured_saved
+    assert freed > 0
+    assert none.saved_activations - selective.saved_activations == freed
+
+
 def test_gpu_script_runs_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     # The GPU check's own entry point, at the size a CPU runs in seconds: every family,
-    # without and with recomputation, model states exact (its exit status).
+    # without, with selective and with full recomputation, model states exact (its exit
+    # status).
     assert memory_check.main(["--device", "cpu", "--size", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "model states exact: True" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "GiB" not in line]
-    assert len(rows) == 2 * len(memory_check.FAMILIES)
+    assert len(rows) == 3 * len(memory_check.FAMILIES)
+    assert sum("| selective |" in row for row in rows) == len(memory_check.FAMILIES)
     with pytest.raises(ValueError, match="unknown family"):
         memory_check.config("gpt2", "sdpa")
 

@@ -6,8 +6,9 @@ bytes saved for backward.
 
 Each family (Llama, Qwen2, Mistral, Mixtral, DeepSeek-V3) is built from a config with
 ``transformers``, in bf16, with fp32 master weights and AdamW moments
-(:func:`tokenbatch.memory.master_weight_adamw`), without and with full recomputation
-(``activation_checkpointing_enable``). One step runs first so that the optimizer state
+(:func:`tokenbatch.memory.master_weight_adamw`), without recomputation, with selective
+recomputation of the attention core (:func:`selective_attention`) and with full
+recomputation (``activation_checkpointing_enable``). One step runs first so that the optimizer state
 exists; the second step is measured. On CUDA the figure is the peak allocated during that
 step against the estimate's ``total`` (weights, gradients, optimizer state and
 activations, all at their largest at once, so an upper bound: gradients grow while
@@ -28,6 +29,9 @@ from typing import Any
 
 import torch
 import transformers
+from torch.utils.checkpoint import checkpoint
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from tokenbatch import ModelSpec, estimate_memory, profile
 from tokenbatch.memory import master_weight_adamw
@@ -56,6 +60,7 @@ _SIZES: dict[str, dict[str, Any]] = {
 }
 
 FAMILIES = ("llama", "qwen2", "mistral", "mixtral", "deepseek_v3")
+RECOMPUTE = ("none", "selective", "full")
 
 
 def config(family: str, attention: str, size: str = "tiny") -> transformers.PretrainedConfig:
@@ -105,6 +110,46 @@ def config(family: str, attention: str, size: str = "tiny") -> transformers.Pret
     raise ValueError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
 
 
+def selective_attention(attention: str) -> str:
+    """Register an attention function that recomputes ``attention``'s core (``"sdpa"`` or
+    ``"eager"``) in backward, and return its name for ``config._attn_implementation``.
+
+    Selective recomputation as Megatron-LM does it (Korthikanti et al. 2022): the layer
+    keeps its activations but not the attention core's (scores, softmax, log-sum-exp,
+    output); the core keeps only its inputs q, k and v and runs again during backward.
+    ``transformers`` has no such mode, so its own attention function runs under a
+    non-reentrant :func:`torch.utils.checkpoint.checkpoint`. The mask is not a checkpoint
+    input (the model's forward holds it anyway).
+    """
+    name = f"selective_{attention}"
+
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> Any:
+        # Eager attention is a function of each model's own modeling file.
+        core = (
+            sys.modules[type(module).__module__].eager_attention_forward
+            if attention == "eager"
+            else ALL_ATTENTION_FUNCTIONS[attention]
+        )
+        return checkpoint(
+            lambda q, k, v: core(module, q, k, v, mask, **kwargs),
+            query,
+            key,
+            value,
+            use_reentrant=False,
+        )
+
+    transformers.AttentionInterface.register(name, forward)
+    transformers.AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[attention])
+    return name
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One model and setting: what the estimate says and what was measured (bytes)."""
@@ -138,10 +183,14 @@ def measure(
     device: str = "cpu",
 ) -> Check:
     """A training step of ``family`` measured against the estimate (on CUDA the second
-    step, so that the optimizer state exists before the peak is taken)."""
+    step, so that the optimizer state exists before the peak is taken). ``recompute`` is
+    one of :data:`RECOMPUTE`: ``"selective"`` runs the attention of
+    :func:`selective_attention`, ``"full"`` checkpoints every layer."""
     started = time.perf_counter()
     cfg = config(family, attention, size)
-    cfg._attn_implementation = attention
+    cfg._attn_implementation = (
+        selective_attention(attention) if recompute == "selective" else attention
+    )
     torch.manual_seed(0)
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(device=device, dtype=torch_dtype)
@@ -214,7 +263,8 @@ def table(checks: Sequence[Check]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure every family with and without recomputation and print the table."""
+    """Measure every family without, with selective and with full recomputation and print
+    the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--size", choices=sorted(_SIZES), default=None)
@@ -223,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = args.size or ("gpu" if args.device.startswith("cuda") else "tiny")
     checks = []
     for family in args.families:
-        for recompute in ("none", "full"):
+        for recompute in RECOMPUTE:
             check = measure(family, recompute=recompute, size=size, device=args.device)
             checks.append(check)
             if args.device.startswith("cuda"):

@@ -40,11 +40,15 @@
 //! With FP8 linear layers, the inputs linear layers keep for backward (of the q/k/v, MLA
 //! up-, output, MLP and expert projections) are kept in FP8 (1 byte); where such an input
 //! is also kept by another operation in the activation dtype (the attention output under
-//! flash attention), the FP8 copy comes on top.
+//! flash attention without selective recomputation), the FP8 copy comes on top.
 //!
-//! Selective recomputation drops the attention core's own tensors (log-sum-exp or
-//! probabilities) and recomputes the MLP activation function (Megatron-Core's
-//! `recompute_modules = core_attn, mlp activation`).
+//! Selective recomputation recomputes the attention core: it keeps only the core's inputs
+//! (q, and keys and values as flash attention gets them: unexpanded, since eager attention
+//! expands them inside the core), not its output, log-sum-exp or probabilities; `o_proj`
+//! keeps its own input. `fused` also recomputes the MLP activation function
+//! (Megatron-Core's `recompute_modules = core_attn, mlp activation`); `hf`, where
+//! selective recomputation is an attention function run under a checkpoint
+//! (`transformers` has no selective mode), keeps the MLP's tensors.
 //!
 //! # `korthikanti`
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
@@ -150,7 +154,10 @@ impl<'a> Activations<'a> {
     /// product, the down projection's input; for GeLU fc1's output and the GeLU output.
     fn mlp_inner(&self, ffn: f64) -> f64 {
         let c = &self.c;
-        let (kept, down_input) = match (self.spec.ffn_type, c.selective, c.fused_swiglu) {
+        // Selective recomputation rebuilds the activation function only where the code
+        // base does (Megatron-Core); `transformers` has no such mode.
+        let recomputed = c.selective && !self.hf;
+        let (kept, down_input) = match (self.spec.ffn_type, recomputed, c.fused_swiglu) {
             (FfnType::SwiGlu, true, _) => (2.0, false),
             (FfnType::SwiGlu, false, true) => (2.0, true),
             (FfnType::SwiGlu, false, false) => (3.0, true),
@@ -172,10 +179,9 @@ impl<'a> Activations<'a> {
         let input = c.lin * h / c.rep;
         let query = e * a * dq;
         let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
-        if c.eager {
-            let probabilities = if c.selective {
-                0.0
-            } else if self.hf {
+        let projection_input = c.lin * a * dv;
+        if c.eager && !c.selective {
+            let probabilities = if self.hf {
                 let copy = if e < 4.0 { e } else { 0.0 };
                 (4.0 + copy) * a * c.key_len
             } else {
@@ -183,9 +189,10 @@ impl<'a> Activations<'a> {
             };
             // Keys and values expanded to every query head; the output copied for `o_proj`.
             let keys_values = e * a * (dq + dv);
-            return input + mla_paths + query + keys_values + probabilities + c.lin * a * dv;
+            return input + mla_paths + query + keys_values + probabilities + projection_input;
         }
-        let lse = if c.selective { 0.0 } else { 4.0 * a };
+        // Flash attention's inputs as the kernel gets them, which are also all a recomputed
+        // core keeps (eager attention expands keys and values inside the core).
         let keys_values = if !s.is_mla() {
             e * c.kv_per_rank * (dq + dv)
         } else if self.hf {
@@ -195,15 +202,19 @@ impl<'a> Activations<'a> {
         } else {
             e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
         };
-        // The kernel keeps its output; `o_proj` keeps the same tensor, unless it keeps an
-        // FP8 copy or (`hf` MLA) a contiguous copy.
-        let output = e * a * dv;
-        let projection_input = if (s.is_mla() && self.hf) || c.lin < e {
-            c.lin * a * dv
+        if c.selective {
+            // The core's output is rebuilt in backward; `o_proj` keeps its own input.
+            return input + mla_paths + query + keys_values + projection_input;
+        }
+        // The kernel keeps its output and log-sum-exp; `o_proj` keeps the same tensor,
+        // unless it keeps an FP8 copy or (`hf` MLA) a contiguous copy.
+        let output = e * a * dv + 4.0 * a;
+        let copy = if (s.is_mla() && self.hf) || c.lin < e {
+            projection_input
         } else {
             0.0
         };
-        input + mla_paths + query + keys_values + lse + output + projection_input
+        input + mla_paths + query + keys_values + output + copy
     }
 
     /// MLA's low-rank query and key/value paths: a norm and the up-projection's input each.

@@ -288,6 +288,67 @@ fn hf_norms_keep_an_fp32_copy_of_their_input() {
 }
 
 #[test]
+fn selective_recomputation_keeps_only_the_attention_cores_inputs() {
+    // Llama-3-8B, one sequence of 1,024 tokens: selective recomputation frees the core's
+    // fp32 log-sum-exp (4a) with flash attention, and with eager attention its
+    // probabilities and expanded keys and values too (both keep q, unexpanded k and v, and
+    // o_proj's input). Megatron-Core (`fused`) also rebuilds silu(gate) and the product
+    // (2ef); `hf` keeps the MLP.
+    let (layers, tokens, a, h, f) = (32.0, 1024.0, 32.0, 4096.0, 14336.0);
+    let per_layer_token = layers * tokens;
+    let at = |spec: &ModelSpec, recompute: f64, attention: f64, fp8: f64| {
+        one(
+            spec,
+            &Layout {
+                seq_len: tokens,
+                recompute,
+                attention,
+                fp8,
+                ..Layout::default()
+            },
+        )
+    };
+    let fused = llama_8b();
+    let hf = ModelSpec {
+        implementation: Implementation::Hf,
+        ..llama_8b()
+    };
+    for spec in [&fused, &hf] {
+        let (none, selective) = (at(spec, 0.0, 0.0, 0.0), at(spec, 1.0, 0.0, 0.0));
+        let eager = at(spec, 1.0, 1.0, 0.0);
+        assert_eq!(
+            none.act_attention - selective.act_attention,
+            per_layer_token * 4.0 * a
+        );
+        assert_eq!(eager.act_attention, selective.act_attention);
+        assert!(at(spec, 0.0, 1.0, 0.0).act_attention > eager.act_attention + 1e6);
+        assert_eq!(none.act_norm, selective.act_norm);
+        let rebuilt = if spec.implementation == Implementation::Fused {
+            per_layer_token * 2.0 * 2.0 * f
+        } else {
+            0.0
+        };
+        assert_eq!(none.act_mlp - selective.act_mlp, rebuilt);
+    }
+    // With FP8 linear layers the core's 16-bit output was kept besides o_proj's FP8 copy.
+    let (none, selective) = (at(&fused, 0.0, 0.0, 1.0), at(&fused, 1.0, 0.0, 1.0));
+    assert_eq!(
+        none.act_attention - selective.act_attention,
+        per_layer_token * (4.0 * a + 2.0 * h)
+    );
+    // Hugging Face's MLA copies the output for o_proj: the core's own output is freed too.
+    let mla = ModelSpec {
+        implementation: Implementation::Hf,
+        ..deepseek_v3()
+    };
+    let (none, selective) = (at(&mla, 0.0, 0.0, 0.0), at(&mla, 1.0, 0.0, 0.0));
+    assert_eq!(
+        none.act_attention - selective.act_attention,
+        61.0 * tokens * 128.0 * (4.0 + 2.0 * 128.0)
+    );
+}
+
+#[test]
 fn invalid_configurations_report_a_reason() {
     let spec = llama_8b();
     let check = |layout: Layout, reason: Invalid| {
