@@ -58,9 +58,7 @@ impl Values<'_> {
             }
         }
     }
-}
 
-impl Values<'_> {
     /// Values `first..first + out.len()` as floats; the caller has checked the bounds.
     #[inline(always)]
     pub fn copy_to(&self, first: usize, out: &mut [f64]) {
