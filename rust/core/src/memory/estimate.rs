@@ -260,17 +260,14 @@ pub(crate) enum FieldRule {
 }
 
 impl FieldRule {
+    /// Whether `x` is in the rule's [`FieldRule::range`] and, unless the rule takes any
+    /// number in it, a whole number.
     #[inline(always)]
     pub(crate) fn accepts(self, x: f64) -> bool {
+        let (low, high) = self.range();
         match self {
-            FieldRule::PositiveInteger => is_whole_in(x, 1.0, f64::MAX),
-            FieldRule::Count => is_whole_in(x, 0.0, f64::MAX),
-            FieldRule::ZeroStage => is_whole_in(x, 0.0, 3.0),
-            FieldRule::Flag => is_whole_in(x, 0.0, 1.0),
-            FieldRule::ThreeWay => is_whole_in(x, 0.0, 2.0),
-            FieldRule::PipelineSplit => is_whole_in(x, 0.0, 4.0),
-            FieldRule::NonNegative => (0.0..=f64::MAX).contains(&x),
-            FieldRule::Fraction => (0.0..=1.0).contains(&x),
+            FieldRule::NonNegative | FieldRule::Fraction => (low..=high).contains(&x),
+            _ => is_whole_in(x, low, high),
         }
     }
 
@@ -293,7 +290,7 @@ impl FieldRule {
     }
 
     /// The least and the largest value the rule accepts: for whole numbers (an integer
-    /// column), [`FieldRule::accepts`] is just this range.
+    /// column), [`FieldRule::accepts`] is just this range check.
     #[inline(always)]
     pub(crate) fn range(self) -> (f64, f64) {
         match self {
