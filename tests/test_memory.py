@@ -283,6 +283,15 @@ def test_named_options_in_grids_match_as_python_lowercases_them() -> None:
                         continue
                     one = estimate_memory(LLAMA_8B, seq_len=seq_len, pp=2, cp=2, **{option: name})
                     assert grid.total[i, j] == one.total, (option, name)
+    # Bytes name as their text does, in arrays and alone.
+    as_bytes = np.array([b"FULL", b"none", b"bogus"])
+    as_text = np.array(["FULL", "none", "bogus"])
+    grids = [estimate_memory_grid(LLAMA_8B, seq_len=4096, recompute=r) for r in (as_bytes, as_text)]
+    assert grids[0].valid.tolist() == [True, True, False]
+    assert np.array_equal(grids[0].total, grids[1].total, equal_nan=True)
+    alone = [estimate_memory(LLAMA_8B, seq_len=4096, recompute=r) for r in (b"Full", "full")]
+    assert alone[0].inputs == alone[1].inputs
+    assert alone[0].total == alone[1].total
 
 
 def test_grid_marks_each_invalid_cell_with_its_reason() -> None:

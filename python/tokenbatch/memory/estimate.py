@@ -130,10 +130,10 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     ``str.lower`` gives it.
     """
     array = np.asarray(value)
-    if array.dtype.kind not in "UO":
+    if array.dtype.kind not in _TEXT_KINDS:
         return _numeric(name, array)
     if array.ndim == 0:
-        code = table.get(str(array).lower(), math.nan)
+        code = table.get(str(array.astype(str).item()).lower(), math.nan)
         if strict and math.isnan(code):
             raise InvalidValueError(
                 f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
@@ -149,8 +149,12 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     return codes
 
 
+#: numpy dtype kinds read as names: str, bytes, and objects (as ``str()`` gives them).
+_TEXT_KINDS = "USO"
+
+
 def _text(array: npt.NDArray[Any]) -> npt.NDArray[np.str_]:
-    """A string (or object) array as a contiguous ``<U`` array."""
+    """A str, bytes or object array as a contiguous ``<U`` array."""
     text: npt.NDArray[np.str_] = np.ascontiguousarray(
         array if array.dtype.kind == "U" else array.astype(str)
     )
@@ -186,7 +190,12 @@ _Column = _Numbers | _NameColumn
 def _choice(name: str, value: Any, table: Mapping[str, int], *, strict: bool) -> _Column:
     """A named option's field: codes, or for a grid (not ``strict``) an array of names as
     the grid reads it in place."""
-    if not strict and isinstance(value, np.ndarray) and value.ndim and value.dtype.kind in "UO":
+    if (
+        not strict
+        and isinstance(value, np.ndarray)
+        and value.ndim
+        and value.dtype.kind in _TEXT_KINDS
+    ):
         return _NameColumn(_text(value), table)
     return _lookup(name, value, table, strict=strict)
 
