@@ -96,3 +96,22 @@ def test_an_unpickled_packing_without_a_budget_is_refused() -> None:
     offsets = np.zeros(1, dtype=np.int64)
     with pytest.raises(tb.InvalidValueError, match="max_tokens must be at least 1"):
         tb.Packing._from_parts(offsets, empty, empty, empty, empty, [0] * 7, 0, 0, "packed", 0)
+
+
+def test_an_unpickled_packing_that_places_a_token_twice_is_refused() -> None:
+    """Two segments over the same tokens passed validation, and a plan dealt them twice."""
+    packing = tb.pack(np.array([5, 9, 3]), 16)
+    parts = packing.__reduce__()[1]
+    assert tb.Packing._from_parts(*parts).n_bins == packing.n_bins
+    # Sequence 0 whole in each of two bins; counts, budget, n_seqs... as pickled.
+    with pytest.raises(
+        tb.InvalidValueError, match="segments 0 and 1 both hold tokens of sequence 0"
+    ):
+        tb.Packing._from_parts(
+            np.array([0, 1, 2], dtype=np.int64),
+            np.zeros(2, dtype=np.int64),
+            np.zeros(2, dtype=np.int64),
+            np.array([5, 5], dtype=np.int64),
+            np.array([5, 5], dtype=np.int64),
+            *parts[5:],
+        )

@@ -139,6 +139,13 @@ impl Bins {
                 p.indices[j], p.starts[j], p.lengths[j], self.n_seqs, self.max_tokens
             )));
         }
+        if let Some((a, b)) = overlapping_segments(p, self.n_seqs) {
+            return Err(Error::invalid(format!(
+                "segments {a} and {b} both hold tokens of sequence {} (a packing places \
+                 each token once)",
+                p.indices[a]
+            )));
+        }
         Ok(())
     }
 
@@ -151,6 +158,45 @@ impl Bins {
     pub fn total_tokens(&self) -> u64 {
         self.packing.lengths.iter().map(|&l| l as u64).sum()
     }
+}
+
+/// Two non-empty segments of a packing (whose indices are below `n_seqs`) that hold the
+/// same token of a sequence, if any: sorted by sequence and start, each segment of a
+/// sequence must end where the next one starts or before. Only sequences with two segments
+/// or more are sorted (a bit per sequence finds them in one pass), so checking a packing
+/// that split few sequences costs two passes, not a sort of every segment.
+fn overlapping_segments(p: &Packing, n_seqs: u64) -> Option<(usize, usize)> {
+    let nonempty = || (0..p.indices.len()).filter(|&j| p.lengths[j] > 0);
+    let word_bit = |j: usize| {
+        let sequence = p.indices[j] as usize;
+        (sequence / 64, 1u64 << (sequence % 64))
+    };
+    let mut candidates: Vec<usize> = if n_seqs <= 64 * (p.indices.len() as u64 + 1) {
+        let words = n_seqs.div_ceil(64) as usize;
+        let (mut seen, mut repeated) = (vec![0u64; words], vec![0u64; words]);
+        for j in nonempty() {
+            let (word, bit) = word_bit(j);
+            repeated[word] |= seen[word] & bit;
+            seen[word] |= bit;
+        }
+        nonempty()
+            .filter(|&j| {
+                let (word, bit) = word_bit(j);
+                repeated[word] & bit != 0
+            })
+            .collect()
+    } else {
+        nonempty().collect()
+    };
+    candidates.sort_unstable_by_key(|&j| (p.indices[j], p.starts[j], j));
+    candidates
+        .windows(2)
+        .find(|w| {
+            let (a, b) = (w[0], w[1]);
+            p.indices[a] == p.indices[b]
+                && i128::from(p.starts[a]) + i128::from(p.lengths[a]) > i128::from(p.starts[b])
+        })
+        .map(|w| (w[0].min(w[1]), w[0].max(w[1])))
 }
 
 /// Options of a plan.

@@ -487,3 +487,46 @@ fn empty_rebuilt_bins_add_no_cutting_capacity() {
     let error = Planner::new(Arc::new(bins), options(1 << 40)).unwrap_err();
     assert!(error.to_string().contains("cannot give each"), "{error}");
 }
+
+#[test]
+fn bins_whose_segments_share_a_token_are_refused() {
+    // Rebuilt bins (an unpickled packing) with two segments over the same tokens passed
+    // validation, and a plan dealt those tokens twice. Found by the `planner` fuzz target.
+    let bins = |indices: Vec<i64>, starts: Vec<i64>, lengths: Vec<i64>| {
+        let n = indices.len() as i64;
+        Bins {
+            packing: Packing {
+                bin_offsets: vec![0, n],
+                indices,
+                starts: starts.into(),
+                lengths,
+                bin_tokens: vec![0],
+                counts: crate::packing::PolicyCounts::default(),
+                segment_cost: 0,
+            },
+            max_tokens: 65_406,
+            n_seqs: 142,
+            kind: PackingKind::Packed,
+            lower_bound: 0,
+        }
+    };
+    let refused = |b: Bins| b.validate().unwrap_err().to_string();
+    // The fuzz target's case: pieces of sequence 131 at the same start.
+    let error = refused(bins(vec![131, 131], vec![131, 131], vec![33_725, 27]));
+    assert!(
+        error.contains("segments 0 and 1 both hold tokens of sequence 131"),
+        "{error}"
+    );
+    // A piece that runs into the next one; a sequence placed whole twice (the unsplit path).
+    assert!(
+        refused(bins(vec![5, 7, 5], vec![10, 0, 0], vec![4, 3, 11])).contains("segments 0 and 2")
+    );
+    assert!(refused(bins(vec![5, 7, 5], vec![0, 0, 0], vec![4, 3, 4])).contains("segments 0 and 2"));
+    // Pieces that touch, and empty segments, are fine.
+    bins(vec![5, 5, 7, 7], vec![0, 4, 0, 0], vec![4, 9, 3, 0])
+        .validate()
+        .unwrap();
+    bins(vec![5, 7, 7], vec![0, 0, 0], vec![4, 3, 0])
+        .validate()
+        .unwrap();
+}
