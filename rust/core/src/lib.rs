@@ -12,6 +12,7 @@ pub mod memory;
 pub mod packing;
 pub mod parallel;
 pub mod plan;
+mod prefetch;
 pub mod rng;
 pub mod schedule;
 

@@ -1247,6 +1247,68 @@ fn name_codes_match_whole_fixed_width_names() {
         .all(|(i, &x)| x == [7.0, 9.0][i % 2]));
 }
 
+/// Strings of the code points a name column can hold near the names: lowercase and
+/// capital letters of a small alphabet (so strings often equal names), the Kelvin sign,
+/// a code point past ASCII, and padding zeros.
+fn name_like(width: usize) -> impl Strategy<Value = Vec<u32>> {
+    let alphabet = prop_oneof![
+        4 => prop::sample::select(vec!['a', 'b', 'k', 'A', 'B', 'K']).prop_map(u32::from),
+        1 => Just(0x212A_u32),
+        1 => Just(0x00E9_u32),
+        1 => Just(0_u32),
+    ];
+    prop::collection::vec(alphabet, 0..=width)
+}
+
+/// What `str.lower() == name` finds, the first of equal names: the code a name column
+/// must give a string.
+fn reference_code(row: &[u32], names: &[Vec<u32>], codes: &[f64]) -> f64 {
+    let lower = |c: u32| match c {
+        0x212A => u32::from(b'k'),
+        c if (u32::from(b'A')..=u32::from(b'Z')).contains(&c) => c + 32,
+        c => c,
+    };
+    let text: Vec<u32> = row.iter().map(|&c| lower(c)).collect();
+    names
+        .iter()
+        .zip(codes)
+        .find(|(name, _)| {
+            let mut padded = name.to_vec();
+            padded.resize(row.len().max(name.len()), 0);
+            padded == text
+        })
+        .map_or(f64::NAN, |(_, &code)| code)
+}
+
+proptest! {
+    #[test]
+    fn name_codes_equal_lowercase_comparison(
+        width in 1usize..=6,
+        names in prop::collection::vec(
+            prop::collection::vec(prop::sample::select(vec![u32::from(b'a'), u32::from(b'b'), u32::from(b'k')]), 1..=5),
+            1..=9,
+        ),
+        rows in prop::collection::vec(name_like(6), 0..40),
+    ) {
+        // Up to nine names over three letters: tables that two code points tell apart
+        // and tables they do not, equal names, names longer than the strings.
+        let rows: Vec<Vec<u32>> = rows
+            .into_iter()
+            .map(|mut row| {
+                row.resize(width, 0);
+                row
+            })
+            .collect();
+        let codes: Vec<f64> = (0..names.len()).map(|i| i as f64 * 10.0).collect();
+        let text: Vec<u32> = rows.concat();
+        let found = name_codes(&text, &NameTable::new(width, &names, &codes));
+        for (row, found) in rows.iter().zip(&found) {
+            let expected = reference_code(row, &names, &codes);
+            prop_assert_eq!(found.to_bits(), expected.to_bits(), "{:?} in {:?}", row, names);
+        }
+    }
+}
+
 /// Values each layout field takes in the tests that vary every field, the default first:
 /// mostly valid, some that do not fit every model (cp 3 pads, pp 4 with explicit first and
 /// last stages may not split).
