@@ -504,8 +504,6 @@ ABSURD = [
     (LLAMA_8B, "seq_len", 1.7e308, 4096, {}),
     (LLAMA_8B, "micro_batch", 1e300, 1, {"pp": 4, "recompute": "full"}),
     (LLAMA_8B, "seq_len", 1e160, 4096, {"attention": "eager"}),
-    (LLAMA_8B, "master_weights", 1e300, 1, {}),
-    (LLAMA_8B, "fp32_grad_accum", 1e300, 1, {"zero": 3, "dp": 8}),
     (LLAMA_8B, "overhead_bytes", sys.float_info.max, 0, {"micro_batch": 1e290}),
     (MIXTRAL, "moe_capacity_factor", 1e308, 1.25, {"ep": 2, "dp": 2}),
     (MIXTRAL, "seq_len", 1e303, 4096, {"cp": 2, "recompute": "selective"}),
@@ -554,8 +552,6 @@ UNBOUNDED = {
     "first_stage_layers": 0,
     "last_stage_layers": 0,
     "grad_accum_steps": 0,
-    "master_weights": 1,
-    "fp32_grad_accum": 0,
     "overhead_bytes": 0,
     "moe_capacity_factor": 0,
 }
@@ -597,11 +593,40 @@ def test_valid_cells_are_finite_over_huge_inputs(
             estimate_memory(spec, **cell)
 
 
-def test_plan_ranks_no_layout_whose_estimate_overflows() -> None:
+def test_plan_says_why_when_an_option_leaves_no_valid_layout() -> None:
     kwargs: dict[str, Any] = {"num_gpus": 32, "seq_len": 4096, "global_batch_tokens": 4096 * 64}
     assert plan(MIXTRAL, moe_capacity_factor=1.25, **kwargs)
-    assert plan(MIXTRAL, moe_capacity_factor=1e308, **kwargs) == []
-    assert plan(LLAMA_8B, master_weights=1e300, **kwargs) == []
+    # Every layout's estimate overflows: the overflow error, not an empty plan.
+    with pytest.raises(TokenBatchOverflowError, match=f"^{OVERFLOW}.*moe_capacity_factor=1e"):
+        plan(MIXTRAL, moe_capacity_factor=1e308, **kwargs)
+    # An option that no layout makes valid is named with its value.
+    with pytest.raises(InvalidValueError, match=r"fused_swiglu must be a boolean.*=0\.5"):
+        plan(LLAMA_8B, fused_swiglu=0.5, **kwargs)
+    with pytest.raises(InvalidValueError, match=r"overhead_bytes.*overhead_bytes=-1"):
+        plan(LLAMA_8B, overhead_bytes=-1, **kwargs)
+    # A model that fits nowhere is still an empty plan, not an error.
+    assert plan(LLAMA_8B, gpu_memory=1e9, **kwargs) == []
+
+
+@pytest.mark.parametrize("name", ["master_weights", "fp32_grad_accum"])
+def test_fp32_copy_options_are_booleans(name: str) -> None:
+    n = LLAMA_8B.num_params()
+    off, on = (estimate_memory(LLAMA_8B, seq_len=1024, **{name: flag}) for flag in (0, 1))
+    assert on.model_states - off.model_states == 4 * n
+    for same in (False, np.False_, 0.0):
+        assert estimate_memory(LLAMA_8B, seq_len=1024, **{name: same}).total == off.total
+    for same in (True, np.True_, 1.0):
+        assert estimate_memory(LLAMA_8B, seq_len=1024, **{name: same}).total == on.total
+    # Half a copy or two copies are not settings: refused, naming the option and its value.
+    for bad in (0.5, 2, -1, math.nan):
+        with pytest.raises(InvalidValueError, match=rf"fp32_grad_accum booleans \(got .*{name}="):
+            estimate_memory(LLAMA_8B, seq_len=1024, **{name: bad})
+    # In a grid, those cells are invalid with the same reason; the others are estimated.
+    grid = estimate_memory_grid(LLAMA_8B, seq_len=1024, **{name: [True, 0.5, False, 2]})
+    assert grid.valid.tolist() == [True, False, True, False]
+    assert grid.total[0] == on.total
+    assert grid.total[2] == off.total
+    assert all("fp32_grad_accum booleans" in reason for reason in grid.reasons()[[1, 3]])
 
 
 def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:

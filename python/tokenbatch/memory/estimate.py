@@ -233,11 +233,12 @@ def _dtype_bytes(name: str, value: Any, *, strict: bool) -> _Numbers:
     return _lookup(name, value, DTYPE_BYTES, strict=strict)
 
 
-def _fp32_bytes(flag: _Numbers) -> npt.NDArray[np.float64]:
-    """4 bytes per parameter where an fp32 copy is kept. An absurd flag overflows to
-    infinity quietly: the core then refuses the byte size."""
-    with np.errstate(over="ignore"):
-        return np.multiply(4.0, flag, dtype=np.float64)
+def _fp32_bytes(name: str, value: Any) -> npt.NDArray[np.float64]:
+    """4 bytes per parameter where the boolean option ``name`` keeps an fp32 copy, 0 where
+    it does not; NaN (an invalid byte size, which the core refuses) where it is neither
+    True nor False (0.5 or 2 are not a number of copies)."""
+    flag = _numeric(name, value)
+    return np.where((flag == 0) | (flag == 1), np.multiply(4.0, flag, dtype=np.float64), np.nan)
 
 
 def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Column]:
@@ -266,7 +267,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Co
         master = np.where(param < 4, 4.0, 0.0)
         master[np.isnan(param)] = math.nan
     else:
-        master = _fp32_bytes(_numeric("master_weights", o["master_weights"]))
+        master = _fp32_bytes("master_weights", o["master_weights"])
     states = _lookup("optimizer", o["optimizer"], OPTIMIZER_STATES, strict=strict)
     state_bytes = states * _dtype_bytes("optimizer_dtype", o["optimizer_dtype"], strict=strict)
     fields: dict[str, _Column] = {
@@ -284,7 +285,7 @@ def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Co
         "grad_accum_steps": _optional_count("grad_accum_steps", o["grad_accum_steps"]),
         "param_bytes": param,
         "grad_bytes": grad,
-        "grad_buffer_bytes": _fp32_bytes(_numeric("fp32_grad_accum", o["fp32_grad_accum"])),
+        "grad_buffer_bytes": _fp32_bytes("fp32_grad_accum", o["fp32_grad_accum"]),
         "master_bytes": np.ascontiguousarray(master, dtype=np.float64),
         "optimizer_state_bytes": np.ascontiguousarray(state_bytes, dtype=np.float64),
         "activation_bytes": act,
@@ -433,10 +434,11 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
     ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``
     (``"fp8"``: FP8 weights), ``grad_dtype`` (default: ``param_dtype``, bf16 for FP8
-    weights), ``master_weights`` (default: fp32 master weights when ``param_dtype`` is not
-    fp32), ``optimizer_dtype="fp32"``, ``optimizer_offload=0.0`` (the fraction of the
-    optimizer state kept in CPU memory, Megatron's ``--optimizer-offload-fraction``),
-    ``fp32_grad_accum=False`` (an extra fp32 gradient buffer), ``activation_dtype``
+    weights), ``master_weights`` (a boolean; default: fp32 master weights when
+    ``param_dtype`` is not fp32), ``optimizer_dtype="fp32"``, ``optimizer_offload=0.0``
+    (the fraction of the optimizer state kept in CPU memory, Megatron's
+    ``--optimizer-offload-fraction``), ``fp32_grad_accum=False`` (a boolean: an extra fp32
+    gradient buffer), ``activation_dtype``
     (default: ``param_dtype``, bf16 for FP8 weights), ``fp8=False`` (FP8 linear layers,
     which keep their inputs for backward in FP8, as Transformer Engine and DeepSeek-V3's
     recipe do), ``logits_dtype="fp32"``, ``loss="standard"`` (``"fused"``: a chunked or

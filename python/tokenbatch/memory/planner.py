@@ -23,7 +23,13 @@ import numpy.typing as npt
 from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.memory.estimate import GIB, PIPELINE_SPLITS, estimate_memory_grid, scalar_inputs
+from tokenbatch.memory.estimate import (
+    GIB,
+    PIPELINE_SPLITS,
+    _invalid,
+    estimate_memory_grid,
+    scalar_inputs,
+)
 from tokenbatch.memory.hardware import Hardware, positive_number
 from tokenbatch.memory.spec import ModelSpec
 from tokenbatch.memory.steptime import TIME_PARTS, step_time
@@ -293,7 +299,10 @@ def plan(
     (default) each parallel layout (``dp``, ``tp``, ``pp``, ``cp``, ``ep``) appears once,
     with its fastest ZeRO stage, recomputation, interleaving and micro-batch size; with
     ``distinct=False`` every combination that fits is ranked. Returns at most ``top``
-    layouts (all with ``top=None``); an empty list when none fits.
+    layouts (all with ``top=None``); an empty list when none fits. Raises
+    :class:`InvalidValueError` (or :class:`TokenBatchOverflowError`) with the reason when
+    no candidate is valid at all, which an option given makes so (``fused_swiglu=0.5``,
+    a negative ``overhead_bytes``, a ``moe_capacity_factor`` past the range of a float).
     """
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
@@ -356,6 +365,12 @@ def plan(
         pipeline_split=np.asarray(list(PIPELINE_SPLITS))[c["pipeline_split"]],
         **options,
     )
+    if not grid.valid.any():
+        # The candidates are built to fit the model: when none is valid, an option given
+        # (or a model that splits no way over these GPUs) is at fault, and the most
+        # common reason says which, where an empty plan would hide it.
+        codes, counts = np.unique(grid.reason_code, return_counts=True)
+        raise _invalid(int(codes[np.argmax(counts)]), options)
     fits = grid.fits(usable * hw.memory)
     if not fits.any():
         return []

@@ -359,7 +359,8 @@ impl Invalid {
                 "grad_accum_steps must be a non-negative integer (0 or None: fills the pipeline)"
             }
             Invalid::Bytes => {
-                "byte sizes (dtypes, optimizer states, overhead_bytes) must be finite and non-negative"
+                "byte sizes (dtypes, optimizer states, overhead_bytes) must be finite and \
+                 non-negative, and master_weights and fp32_grad_accum booleans"
             }
             Invalid::ActivationModel => "activation_model must be 'modern' or 'korthikanti'",
             Invalid::Attention => "attention must be 'flash' or 'eager'",
@@ -395,8 +396,8 @@ impl Invalid {
             Invalid::EpDpCp => "ep must divide dp * cp (experts are sharded inside the data-parallel group)",
             Invalid::Overflow => {
                 "the estimate exceeds the range of a float (about 1.8e308 bytes): an input is too \
-                 large (seq_len, micro_batch, moe_capacity_factor, overhead_bytes, master_weights, \
-                 fp32_grad_accum or another byte size)"
+                 large (seq_len, micro_batch, moe_capacity_factor, overhead_bytes or another byte \
+                 size)"
             }
         }
     }
