@@ -640,6 +640,10 @@ def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
     assert max_micro_batch_tokens(LLAMA_8B, 1e9) == 0
     with pytest.raises(InvalidTypeError, match="seq_len"):
         max_micro_batch_tokens(LLAMA_8B, memory, seq_len=4096)
+    # A bad option is named; the seq_len its message shows is the probe's, and said so.
+    probe = r"tp must divide num_heads.*tp=3.*it tries \(seq_len=128\)"
+    with pytest.raises(InvalidValueError, match=probe):
+        max_micro_batch_tokens(LLAMA_8B, memory, multiple_of=128, tp=3)
 
 
 def test_context_parallel_padding_matches_the_packed_layout() -> None:

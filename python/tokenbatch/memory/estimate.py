@@ -667,7 +667,12 @@ def max_micro_batch_tokens(
         estimate = estimate_memory(spec, seq_len=units * step, micro_batch=1, **layout)
         return estimate.total <= gpu_memory
 
-    if not fits(1):
+    try:
+        smallest_fits = fits(1)
+    except (InvalidValueError, TokenBatchOverflowError) as error:
+        # The error shows the probe's seq_len, which the caller did not pass: say so.
+        raise type(error)(f"{error}, on the smallest row it tries (seq_len={step})") from None
+    if not smallest_fits:
         return 0
     low, high = 1, 2
     while fits(high):
