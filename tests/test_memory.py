@@ -618,7 +618,7 @@ def test_fp32_copy_options_are_booleans(name: str) -> None:
     for same in (True, np.True_, 1.0):
         assert estimate_memory(LLAMA_8B, seq_len=1024, **{name: same}).total == on.total
     # Half a copy or two copies are not settings: refused, naming the option and its value.
-    for bad in (0.5, 2, -1, math.nan):
+    for bad in (0.5, 2, -1, math.nan, math.inf, 1e308):
         with pytest.raises(InvalidValueError, match=rf"fp32_grad_accum booleans \(got .*{name}="):
             estimate_memory(LLAMA_8B, seq_len=1024, **{name: bad})
     # In a grid, those cells are invalid with the same reason; the others are estimated.
@@ -644,6 +644,8 @@ def test_max_micro_batch_tokens_is_the_largest_that_fits() -> None:
     probe = r"tp must divide num_heads.*tp=3.*it tries \(seq_len=128\)"
     with pytest.raises(InvalidValueError, match=probe):
         max_micro_batch_tokens(LLAMA_8B, memory, multiple_of=128, tp=3)
+    with pytest.raises(InvalidValueError, match=r"attention must be one of .*'x'$"):
+        max_micro_batch_tokens(LLAMA_8B, memory, attention="x")
 
 
 def test_context_parallel_padding_matches_the_packed_layout() -> None:

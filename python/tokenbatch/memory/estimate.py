@@ -238,7 +238,9 @@ def _fp32_bytes(name: str, value: Any) -> npt.NDArray[np.float64]:
     it does not; NaN (an invalid byte size, which the core refuses) where it is neither
     True nor False (0.5 or 2 are not a number of copies)."""
     flag = _numeric(name, value)
-    return np.where((flag == 0) | (flag == 1), np.multiply(4.0, flag, dtype=np.float64), np.nan)
+    # Chosen, not multiplied: 4 x a huge flag would overflow (with a warning) before
+    # being thrown away.
+    return np.where(flag == 1, 4.0, np.where(flag == 0, 0.0, np.nan))
 
 
 def _layout_inputs(options: Mapping[str, Any], *, strict: bool) -> dict[str, _Column]:
@@ -670,7 +672,9 @@ def max_micro_batch_tokens(
     try:
         smallest_fits = fits(1)
     except (InvalidValueError, TokenBatchOverflowError) as error:
-        # The error shows the probe's seq_len, which the caller did not pass: say so.
+        # An error that shows the probe's seq_len, which the caller did not pass, says so.
+        if "seq_len=" not in str(error):
+            raise
         raise type(error)(f"{error}, on the smallest row it tries (seq_len={step})") from None
     if not smallest_fits:
         return 0

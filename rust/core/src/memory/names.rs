@@ -57,9 +57,11 @@ impl Picker {
     }
 
     /// A picker for `padded` (folded names, the last first), or `None` where a name is
-    /// not ASCII or no two positions tell every two names apart.
+    /// not ASCII, no two positions tell every two names apart, or the strings are wider
+    /// than [`NameTable::codes_into`] compares at a width known at compile time.
     fn new(width: usize, padded: &[(Vec<u32>, f64)]) -> Option<Self> {
-        if padded.len() >= usize::from(Self::NONE)
+        if width > MAX_PICKED_WIDTH
+            || padded.len() >= usize::from(Self::NONE)
             || padded.iter().flat_map(|(name, _)| name).any(|&c| c >= 0x80)
         {
             return None;
@@ -142,6 +144,7 @@ impl NameTable {
             };
         }
         with_width!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+        const _: () = assert!(MAX_PICKED_WIDTH == 16);
     }
 
     /// [`NameTable::codes_into`] for `W`-wide strings: each string is compared with the
@@ -196,6 +199,10 @@ fn same_folded<const W: usize>(name: &[u32], row: &[u32]) -> bool {
         _ => false,
     }
 }
+
+/// The widest strings matched through a [`Picker`] (those of a width known at compile
+/// time in [`NameTable::codes_into`]).
+const MAX_PICKED_WIDTH: usize = 16;
 
 /// Code points of a column ahead of the row being matched that [`prefetch`] asks for
 /// (about 28 rows of 9, the width of `"selective"`).
