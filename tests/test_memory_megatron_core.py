@@ -1,0 +1,229 @@
+"""``implementation="fused"`` against real Megatron-Core modules, on CPU.
+
+A two-layer ``GPTModel`` of megatron-core, built with its local (no Transformer Engine)
+layer spec, trains for one step under :func:`tokenbatch.profile` (bytes saved for
+backward, deduplicated by storage, parameters excluded) without recomputation, with
+selective recomputation (``recompute_granularity="selective"``, ``core_attn``) and with
+full recomputation. It is cast to bf16 as Megatron's ``Float16Module`` does, uses the
+fused SwiGLU (``bias_activation_fusion``) and a softmax that keeps its bf16 output only
+(``attention_softmax_in_fp32=False``, what the fused softmax kernels save). The local spec
+is not Transformer Engine, so the measurement is the estimate plus the tensors that the
+local modules keep and the fused ones do not, each named in :func:`local_spec_extra`;
+the test requires that sum to the byte.
+
+Megatron-Core runs on CPU here with three substitutions, all for device placement or RNG
+bookkeeping (no dropout runs): ``torch.cuda.current_device()`` (called for buffers, rotary
+frequencies) returns ``"cpu"``, the CUDA RNG state functions of
+``megatron.core.tensor_parallel.random`` use the CPU generator, and the RNG tracker's
+states are set from it (``model_parallel_cuda_manual_seed`` calls ``torch.cuda``). The
+causal mask is passed explicitly (its default is built with ``device="cuda"``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tokenbatch import ModelSpec, estimate_memory, profile
+from tokenbatch.memory import master_weight_adamw
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import random as megatron_random
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+# Hidden, layers, heads, key/value groups, head size, MLP width, vocabulary, batch, length.
+H, L, A, G, D, F, V, B, S = 128, 2, 4, 2, 32, 352, 256, 2, 64
+E = 2  # bf16
+TOKENS = B * S
+RECOMPUTE = ("none", "selective", "full")
+
+# Megatron-Core warns about its own defaults (CUDA graph scopes, missing Transformer
+# Engine, the MLP width taken from the config, recomputation with Transformer Engine).
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning:megatron"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron"),
+    pytest.mark.filterwarnings("ignore::FutureWarning:megatron"),
+    # Raised inside torch.compile while it traces the fused SwiGLU on CPU.
+    pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf"),
+]
+
+
+@pytest.fixture(scope="module")
+def megatron_on_cpu() -> Iterator[None]:
+    """One-process model parallelism (gloo, world size 1) with Megatron's CUDA-only
+    device and RNG calls pointed at the CPU."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    patch.setattr(megatron_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state())
+    patch.setattr(
+        megatron_random, "_set_cuda_rng_state", lambda state, *a, **k: torch.set_rng_state(state)
+    )
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+        megatron_random.get_cuda_rng_tracker().set_states(
+            {
+                name: torch.get_rng_state()
+                for name in ("model-parallel-rng", "expert-parallel-rng", "data-parallel-rng")
+            }
+        )
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        patch.undo()
+
+
+def measure(recompute: str) -> tuple[Any, Any]:
+    """One bf16 training step of the GPTModel (AdamW on fp32 master weights): the
+    profile and the estimate for the same sizes."""
+    options: dict[str, Any] = {}
+    if recompute == "selective":
+        options = {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    elif recompute == "full":
+        options = {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
+    config = TransformerConfig(
+        num_layers=L,
+        hidden_size=H,
+        num_attention_heads=A,
+        num_query_groups=G,
+        kv_channels=D,
+        ffn_hidden_size=F,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        bias_activation_fusion=True,
+        attention_softmax_in_fp32=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=True,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        **options,
+    )
+    torch.manual_seed(0)
+    model = GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=V,
+        max_sequence_length=S,
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+    ).bfloat16()
+    model.train()
+    ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(0))
+    inputs = {
+        "input_ids": ids,
+        "position_ids": torch.arange(S).expand(B, S),
+        "attention_mask": torch.ones(1, 1, S, S, dtype=torch.bool).triu(1),
+        "labels": ids,
+    }
+    optimizer, step = master_weight_adamw(model, lr=1e-4)
+    measured = profile(
+        model,
+        inputs,
+        loss_fn=lambda losses: losses.float().mean(),
+        optimizer=optimizer,
+        optimizer_step=step,
+    )
+    spec = ModelSpec(
+        hidden_size=H,
+        num_layers=L,
+        num_heads=A,
+        num_kv_heads=G,
+        ffn_size=F,
+        vocab_size=V,
+        implementation="fused",
+    )
+    estimate = estimate_memory(
+        spec,
+        seq_len=S,
+        micro_batch=B,
+        recompute=recompute,
+        attention="eager",
+        fused_swiglu=True,
+    )
+    return measured, estimate
+
+
+def local_spec_extra(recompute: str) -> dict[str, int]:
+    """What the local spec's modules keep beyond the fused ones the estimate assumes."""
+    # torch.nn.RMSNorm keeps an fp32 copy of its input, fp32 1/rms and the fp32
+    # normalized input (8h + 4 per token); Transformer Engine's keeps the input and
+    # 1/rms (e h + 4).
+    per_norm = TOKENS * (8 - E) * H
+    mask = S * S  # the causal mask (bool), one for all layers
+    loss_mask = TOKENS  # the vocabulary-parallel cross-entropy's bool target mask
+    if recompute == "full":
+        # Only the final norm runs outside a checkpoint; the checkpoints keep the fp32
+        # rotary frequencies (one tensor for all layers).
+        return {"norm": per_norm, "rotary": S * D * 4, "masks": mask + loss_mask}
+    extra = {
+        "norm": (2 * L + 1) * per_norm,
+        # cos and sin, cast to bf16 for queries and for keys, in every layer.
+        "rotary": L * 4 * S * D * E,
+        "masks": mask + loss_mask,
+    }
+    if recompute == "selective":
+        # The checkpointed core keeps the values as a view of the fused QKV output, so
+        # the queries and keys before rotary stay alive with it, and an int32 scalar.
+        # Megatron-Core's dense MLP keeps its product (fc2's input): `core_attn` does
+        # not recompute the activation, which the estimate assumes it does.
+        extra["qkv_output"] = L * (TOKENS * E * (A + G) * D + 4)
+        extra["mlp_product"] = L * TOKENS * E * F
+    return extra
+
+
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+def test_fused_estimate_against_megatron_core(megatron_on_cpu: None, recompute: str) -> None:
+    measured, estimate = measure(recompute)
+    assert (measured.params, measured.grads, measured.optimizer) == (
+        estimate.params,
+        estimate.grads,
+        estimate.optimizer,
+    )
+    extra = local_spec_extra(recompute)
+    assert measured.activations == estimate.saved_activations + sum(extra.values()), extra
+
+
+def table() -> str:
+    """The Markdown rows of docs/memory.md: measured against estimated, per setting."""
+    rows = [
+        "| recompute | measured (KiB) | estimate (KiB) | local-spec extra (KiB) | error |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for recompute in RECOMPUTE:
+        measured, estimate = measure(recompute)
+        extra = sum(local_spec_extra(recompute).values())
+        rows.append(
+            f"| {recompute} | {measured.activations / 1024:,.1f} | "
+            f"{estimate.saved_activations / 1024:,.1f} | {extra / 1024:,.1f} | "
+            f"{estimate.saved_activations / measured.activations - 1:+.2%} |"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fixture = megatron_on_cpu.__wrapped__()  # type: ignore[attr-defined]
+        next(fixture)
+        print(table())
+        next(fixture, None)
