@@ -45,8 +45,10 @@
 //! Selective recomputation recomputes the attention core: it keeps only the core's inputs
 //! (q, and keys and values as flash attention gets them: unexpanded, since eager attention
 //! expands them inside the core), not its output, log-sum-exp or probabilities; `o_proj`
-//! keeps its own input. `fused` also recomputes the MLP activation function
-//! (Megatron-Core's `recompute_modules = core_attn, mlp activation`); `hf`, where
+//! keeps its own input. `fused` also recomputes the MLP activation function (as
+//! Megatron-Core's `moe_act` does for grouped-GEMM experts; for a dense MLP its default
+//! `core_attn` keeps the product too, measured in tests/test_memory_megatron_core.py and
+//! not counted here); `hf`, where
 //! selective recomputation is an attention function run under a checkpoint
 //! (`transformers` has no selective mode), keeps the MLP's tensors.
 //!
