@@ -198,6 +198,19 @@ fn count(n: u64) -> f64 {
     f64::from(n as u32)
 }
 
+/// Clear `ok[i]` where `accepts(values[i])` is false. The values are checked together
+/// first, and one by one only when one fails: a fold is a comparison per value and no
+/// store (a store to `ok` per value cost more than converting integer values to floats),
+/// and the values of a grid are nearly all fine.
+#[inline(always)]
+pub(crate) fn clear_failing(values: &[f64], ok: &mut [bool], accepts: impl Fn(f64) -> bool) {
+    if !values.iter().fold(true, |all, &x| all & accepts(x)) {
+        for (ok, &x) in ok.iter_mut().zip(values) {
+            *ok &= accepts(x);
+        }
+    }
+}
+
 const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
 
 /// Whether `x` is a whole number in `[low, high]` (`0 <= low`, `high` finite), without
@@ -272,21 +285,14 @@ impl FieldRule {
     }
 
     /// Clear `ok[i]` where `values[i]` breaks the rule: one rule for a whole column, so
-    /// the loop has no branch on it. The values are checked together first, and one by
-    /// one only when one fails: a fold is a comparison per value, and the values of a
-    /// grid are nearly all fine.
+    /// the loop has no branch on it.
     #[inline(always)]
     pub(crate) fn check_all(self, values: &[f64], ok: &mut [bool]) {
         macro_rules! each {
             ($($rule:ident)*) => {
                 match self {
                     $(FieldRule::$rule => {
-                        let accepts = |x| FieldRule::$rule.accepts(x);
-                        if !values.iter().fold(true, |all, &x| all & accepts(x)) {
-                            for (ok, &x) in ok.iter_mut().zip(values) {
-                                *ok &= accepts(x);
-                            }
-                        }
+                        clear_failing(values, ok, |x| FieldRule::$rule.accepts(x))
                     })*
                 }
             };

@@ -11,8 +11,9 @@ use rayon::prelude::*;
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::estimate::{
-    check_field, estimate, estimate_stages, estimate_with_terms, field_rule, Breakdown, Estimator,
-    FieldRule, Prepared, Terms, KEY_LEN_FIELDS, LIST_KEY_WORDS, N_OUTPUT_FIELDS, TERMS_FIELDS,
+    check_field, clear_failing, estimate, estimate_stages, estimate_with_terms, field_rule,
+    Breakdown, Estimator, FieldRule, Prepared, Terms, KEY_LEN_FIELDS, LIST_KEY_WORDS,
+    N_OUTPUT_FIELDS, TERMS_FIELDS,
 };
 use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::names::NameTable;
@@ -95,15 +96,7 @@ impl Values<'_> {
         if let Values::I64(_) = self {
             // Whole numbers: the rule is the range.
             let (low, high) = rule.range();
-            let inside = |x: f64| (x >= low) & (x <= high);
-            // A fold over the batch, with a pass per value only where one is out: a
-            // comparison per value and no store (a store to `ok` per value cost more
-            // than converting the values).
-            if !out.iter().fold(true, |all, &x| all & inside(x)) {
-                for (ok, &x) in ok.iter_mut().zip(out.iter()) {
-                    *ok &= inside(x);
-                }
-            }
+            clear_failing(out, ok, |x| (x >= low) & (x <= high));
         } else {
             rule.check_all(out, ok);
         }
