@@ -1143,17 +1143,24 @@ fn set_writes_the_field_named_by_its_index() {
     assert_eq!(layout, Layout::default());
 }
 
+/// `s` as a row of a numpy `<U{width}` array: its code points padded with zeros.
+fn row(s: &str, width: usize) -> Vec<u32> {
+    let mut points: Vec<u32> = s.chars().map(u32::from).collect();
+    points.resize(width, 0);
+    points
+}
+
+/// The code points of each of `words`.
+fn code_points(words: &[&str]) -> Vec<Vec<u32>> {
+    words
+        .iter()
+        .map(|w| w.chars().map(u32::from).collect())
+        .collect()
+}
+
 #[test]
 fn name_codes_match_whole_fixed_width_names() {
-    let row = |s: &str, width: usize| -> Vec<u32> {
-        let mut codes: Vec<u32> = s.chars().map(u32::from).collect();
-        codes.resize(width, 0);
-        codes
-    };
-    let names: Vec<Vec<u32>> = ["none", "selective", "full"]
-        .iter()
-        .map(|s| s.chars().map(u32::from).collect())
-        .collect();
+    let names = code_points(&["none", "selective", "full"]);
     // Matched as Python's `str.lower` would: ASCII capitals and the Kelvin sign fold, no
     // other code point does (U+0130 lowercases to two code points, `i` and a dot).
     let words = [
@@ -1200,7 +1207,7 @@ fn name_codes_match_whole_fixed_width_names() {
             None
         ]
     );
-    let kelvin: Vec<Vec<u32>> = vec!["k".chars().map(u32::from).collect()];
+    let kelvin = code_points(&["k"]);
     let found = name_codes(&row("\u{212A}", 1), &NameTable::new(1, &kelvin, &[5.0]));
     assert_eq!(found, [5.0]);
     // A name longer than the strings cannot match; an empty array gives no indices.
@@ -1211,10 +1218,7 @@ fn name_codes_match_whole_fixed_width_names() {
     assert!(name_codes(&[], &NameTable::new(4, &names, &codes)).is_empty());
     // Every width: those known at compile time and the others, a name as long as the
     // strings, one longer, and the first of two equal names.
-    let with_twins: Vec<Vec<u32>> = ["full", "none", "none", "selective_selective"]
-        .iter()
-        .map(|s| s.chars().map(u32::from).collect())
-        .collect();
+    let with_twins = code_points(&["full", "none", "none", "selective_selective"]);
     for width in 4..=24 {
         let words = ["none", "full", "nonf", "", "selective_selective"];
         let fitting: Vec<&str> = words.iter().copied().filter(|w| w.len() <= width).collect();
@@ -1843,22 +1847,14 @@ fn a_column_of_names_gives_the_grid_its_codes_give() {
     let words = ["none", "FULL", "Selective", "bogus", "full"];
     let codes_of_words = [0.0, 2.0, 1.0, f64::NAN, 2.0];
     let width = 9;
-    let row = |w: &str| -> Vec<u32> {
-        let mut points: Vec<u32> = w.chars().map(u32::from).collect();
-        points.resize(width, 0);
-        points
-    };
-    let names: Vec<Vec<u32>> = ["none", "selective", "full"]
-        .iter()
-        .map(|w| w.chars().map(u32::from).collect())
-        .collect();
+    let names = code_points(&["none", "selective", "full"]);
     let table = NameTable::new(width, &names, &[0.0, 1.0, 2.0]);
     let cells = 300;
     let picks: Vec<usize> = (0..cells).map(|i| (i * 7 + i / 3) % words.len()).collect();
-    let text: Vec<u32> = picks.iter().flat_map(|&p| row(words[p])).collect();
+    let text: Vec<u32> = picks.iter().flat_map(|&p| row(words[p], width)).collect();
     let codes: Vec<f64> = picks.iter().map(|&p| codes_of_words[p]).collect();
     let seq: Vec<f64> = (0..cells).map(|i| [1024.0, 8192.0][i % 2]).collect();
-    let axis_text: Vec<u32> = words.iter().flat_map(|w| row(w)).collect();
+    let axis_text: Vec<u32> = words.iter().flat_map(|w| row(w, width)).collect();
     // (shape, names, their codes, their strides, seq_len's strides)
     type Case<'a> = (&'a [usize], &'a [u32], &'a [f64], &'a [usize], &'a [usize]);
     let cases: [Case<'_>; 2] = [
