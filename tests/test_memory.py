@@ -190,16 +190,16 @@ def test_plan_communication_follows_activation_dtype() -> None:
 def test_grid_broadcasts_and_matches_scalar_estimates() -> None:
     tp = np.array([1, 2, 3, 4])[:, None, None]
     seq = np.array([1024, 4096])[None, :, None]
-    recompute = np.array(["none", "selective", "full"])
+    recompute = np.array(["none", "selective", "full", "core_attn"])
     grid = estimate_memory_grid(LLAMA_8B, tp=tp, seq_len=seq, recompute=recompute, dp=8, zero=1)
-    assert grid.shape == (4, 2, 3)
-    assert grid.total.shape == (4, 2, 3)
+    assert grid.shape == (4, 2, 4)
+    assert grid.total.shape == (4, 2, 4)
     assert not grid.valid[2].any()
     assert set(grid.reasons()[2].ravel()) == {"tp must divide num_heads"}
     assert np.isnan(grid.total[2]).all()
     for i in (0, 1, 3):
         for j in range(2):
-            for k in range(3):
+            for k in range(4):
                 one = estimate_memory(
                     LLAMA_8B,
                     seq_len=int(seq[0, j, 0]),
@@ -749,6 +749,23 @@ def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(["memory", "no-such-model"]) == 2
 
 
+def test_cli_recompute_modes(capsys: pytest.CaptureFixture[str]) -> None:
+    fused = ["--implementation", "fused", "--json"]
+    assert main(["memory", "llama-3.1-8b", "--recompute", "core_attn", *fused]) == 0
+    spec = LLAMA_8B.replace(implementation="fused")
+    expected = estimate_memory(spec, seq_len=4096, recompute="core_attn")
+    assert json.loads(capsys.readouterr().out)["total"] == expected.total
+    assert expected.total > estimate_memory(spec, seq_len=4096, recompute="selective").total
+    # The planner considers the modes named, and only those.
+    plan_args = ["plan", "llama-3.1-8b", "--gpus", "8", "--gpu-memory", "40GB", "--top", "50"]
+    assert main([*plan_args, "--recompute", "core_attn", "full", *fused]) == 0
+    modes = {layout["recompute"] for layout in json.loads(capsys.readouterr().out)}
+    assert modes == {"core_attn", "full"}
+    with pytest.raises(SystemExit):
+        main([*plan_args, "--recompute", "partial"])
+    assert "invalid choice: 'partial'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("model", "flags", "options"),
     [
@@ -812,7 +829,7 @@ layouts = st.fixed_dictionaries(
         "pp": st.sampled_from([1, 2, 4, 3]),
         "cp": st.sampled_from([1, 2]),
         "zero": st.integers(0, 3),
-        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "recompute": st.sampled_from(["none", "selective", "full", "core_attn"]),
         "sequence_parallel": st.booleans(),
         "activation_model": st.sampled_from(["modern", "korthikanti"]),
     }

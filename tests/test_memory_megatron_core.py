@@ -3,8 +3,9 @@
 A two-layer ``GPTModel`` of megatron-core, built with its local (no Transformer Engine)
 layer spec, trains for one step under :func:`tokenbatch.profile` (bytes saved for
 backward, deduplicated by storage, parameters excluded) without recomputation, with
-selective recomputation (``recompute_granularity="selective"``, ``core_attn``) and with
-full recomputation. It is cast to bf16 as Megatron's ``Float16Module`` does, uses the
+Megatron-Core's default selective recomputation (``recompute_granularity="selective"``,
+``recompute_modules=["core_attn"]``, estimated as ``recompute="core_attn"``) and with full
+recomputation. It is cast to bf16 as Megatron's ``Float16Module`` does, uses the
 fused SwiGLU (``bias_activation_fusion``) and a softmax that keeps its bf16 output only
 (``attention_softmax_in_fp32=False``, what the fused softmax kernels save). The local spec
 is not Transformer Engine, so the measurement is the estimate plus the tensors that the
@@ -45,7 +46,7 @@ with warnings.catch_warnings():
 H, L, A, G, D, F, V, B, S = 128, 2, 4, 2, 32, 352, 256, 2, 64
 E = 2  # bf16
 TOKENS = B * S
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "core_attn", "full")
 
 # Megatron-Core warns about its own defaults (CUDA graph scopes, missing Transformer
 # Engine, the MLP width taken from the config, recomputation with Transformer Engine).
@@ -88,7 +89,7 @@ def measure(recompute: str) -> tuple[Any, Any]:
     """One bf16 training step of the GPTModel (AdamW on fp32 master weights): the
     profile and the estimate for the same sizes."""
     options: dict[str, Any] = {}
-    if recompute == "selective":
+    if recompute == "core_attn":
         options = {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
     elif recompute == "full":
         options = {
@@ -181,13 +182,10 @@ def local_spec_extra(recompute: str) -> dict[str, int]:
         "rotary": L * 4 * S * D * E,
         "masks": mask + loss_mask,
     }
-    if recompute == "selective":
-        # The checkpointed core keeps the values as a view of the fused QKV output, so
-        # the queries and keys before rotary stay alive with it, and an int32 scalar.
-        # Megatron-Core's dense MLP keeps its product (fc2's input): `core_attn` does
-        # not recompute the activation, which the estimate assumes it does.
-        extra["qkv_output"] = L * (TOKENS * E * (A + G) * D + 4)
-        extra["mlp_product"] = L * TOKENS * E * F
+    if recompute == "core_attn":
+        # An int32 scalar per checkpoint (the fused QKV output its values keep alive, and
+        # the MLP's product, are in the estimate).
+        extra["checkpoint"] = L * 4
     return extra
 
 

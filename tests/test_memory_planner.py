@@ -149,3 +149,44 @@ def test_hardware_presets_and_overrides() -> None:
         HARDWARE["h100"].replace(memory_bandwidth=0)
     with pytest.raises(InvalidTypeError, match="plan chooses"):
         plan(small, vpp=2, **kwargs)
+
+
+def test_recompute_names_the_modes_the_planner_considers() -> None:
+    spec = ModelSpec.preset("llama-3.1-8b").replace(implementation="fused")
+    kwargs: dict[str, Any] = {
+        "num_gpus": 8,
+        "seq_len": 8192,
+        "global_batch_tokens": 8192 * 64,
+        "gpu_memory": 40e9,
+        "distinct": False,
+        "top": None,
+    }
+    default = plan(spec, **kwargs)
+    assert {x.recompute for x in default} == {"none", "selective", "full"}
+    megatron = plan(spec, recompute=["none", "core_attn", "full"], **kwargs)
+    assert {x.recompute for x in megatron} == {"none", "core_attn", "full"}
+
+    # Megatron-Core's default keeps more than `selective` at the same time cost: a layout
+    # that fits with it fits with `selective`, in less memory and the same time.
+    def by_layout(layouts: list[PlannedLayout]) -> dict[tuple[Any, ...], PlannedLayout]:
+        return {
+            tuple(v for k, v in sorted(x.layout().items()) if k != "recompute"): x for x in layouts
+        }
+
+    selective = by_layout(plan(spec, recompute="selective", **kwargs))
+    core_attn = by_layout(plan(spec, recompute="CORE_ATTN", **kwargs))
+    assert len(core_attn) > 10
+    assert set(core_attn) < set(selective)
+    for key, layout in core_attn.items():
+        assert layout.recompute == "core_attn"
+        assert layout.memory > selective[key].memory
+        assert layout.step_time == selective[key].step_time
+        assert estimate_memory(spec, seq_len=8192, **layout.layout()).total == layout.memory
+    with pytest.raises(InvalidValueError, match="recompute must name modes among"):
+        plan(spec, recompute=["none", "selctive"], **kwargs)
+    with pytest.raises(InvalidValueError, match="at least one mode"):
+        plan(spec, recompute=[], **kwargs)
+    with pytest.raises(InvalidTypeError, match="recompute modes must be strings"):
+        plan(spec, recompute=[1], **kwargs)  # type: ignore[list-item]
+    with pytest.raises(InvalidTypeError, match="recompute must be a mode name"):
+        plan(spec, recompute=3, **kwargs)  # type: ignore[arg-type]

@@ -22,7 +22,13 @@ from tokenbatch.cli.units import (
     positive_real,
 )
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.memory.estimate import GIB, PIPELINE_SPLITS, MemoryEstimate, estimate_memory
+from tokenbatch.memory.estimate import (
+    _RECOMPUTE,
+    GIB,
+    PIPELINE_SPLITS,
+    MemoryEstimate,
+    estimate_memory,
+)
 from tokenbatch.memory.hardware import HARDWARE
 from tokenbatch.memory.planner import plan
 from tokenbatch.memory.spec import PRESETS, ModelSpec
@@ -82,6 +88,9 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+_RECOMPUTE_MODES = list(_RECOMPUTE)
+
+
 def register(subparsers: Any) -> None:
     memory: argparse.ArgumentParser = subparsers.add_parser(
         "memory",
@@ -95,7 +104,13 @@ def register(subparsers: Any) -> None:
         memory.add_argument(f"--{name}", type=count(), default=1, help=f"{name} degree (default 1)")
     memory.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     memory.add_argument("--sequence-parallel", action="store_true")
-    memory.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    memory.add_argument(
+        "--recompute",
+        choices=_RECOMPUTE_MODES,
+        default="none",
+        help="none (default); selective: the attention core and MLP activations; "
+        "core_attn: the attention core only (Megatron-Core's default selective); full",
+    )
     memory.add_argument(
         "--pipeline-split",
         choices=list(PIPELINE_SPLITS),
@@ -161,6 +176,15 @@ def register(subparsers: Any) -> None:
         "--deduplicated-dispatch",
         action="store_true",
         help="node-limited routing: a token crosses the network once per node",
+    )
+    planner.add_argument(
+        "--recompute",
+        choices=_RECOMPUTE_MODES,
+        nargs="+",
+        default=["none", "selective", "full"],
+        metavar="MODE",
+        help="recomputation modes to consider, among none, selective, full, core_attn "
+        "(default: none selective full)",
     )
     planner.add_argument("--top", type=count(), default=10, help="layouts to list")
     planner.set_defaults(handler=run_plan)
@@ -306,6 +330,7 @@ def run_plan(args: argparse.Namespace) -> int:
         peak_flops=None if args.peak_tflops is None else args.peak_tflops * 1e12,
         overlap_ep_comm=args.overlap_ep_comm,
         deduplicated_dispatch=args.deduplicated_dispatch,
+        recompute=args.recompute,
         top=args.top,
         **_options(args),
     )

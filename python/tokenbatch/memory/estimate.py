@@ -61,7 +61,7 @@ OPTIMIZER_STATES: dict[str, int] = {
     "sgd_no_momentum": 0,
 }
 
-_RECOMPUTE = {"none": 0, "selective": 1, "full": 2}
+_RECOMPUTE = {"none": 0, "selective": 1, "full": 2, "core_attn": 3}
 _ACTIVATION_MODEL = {"modern": 0, "korthikanti": 1}
 _ATTENTION = {"flash": 0, "eager": 1}
 _CP_COMM = {"p2p": 0, "all_gather": 1, "a2a": 2}
@@ -432,7 +432,9 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
 
     Options (defaults): ``micro_batch=1``, ``dp=1``, ``tp=1``, ``pp=1``, ``cp=1``, ``ep=1``,
     ``vpp=1`` (virtual pipeline chunks, interleaved 1F1B when > 1), ``zero=0`` (0-3; 3 is
-    FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``, ``"full"``),
+    FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``: the
+    attention core and the MLP activation functions; ``"core_attn"``: the attention core
+    only, Megatron-Core's default selective recomputation; ``"full"``),
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
     ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``
     (``"fp8"``: FP8 weights), ``grad_dtype`` (default: ``param_dtype``, bf16 for FP8

@@ -15,6 +15,7 @@ not of the model. :meth:`PlannedLayout.explain` shows where each candidate's tim
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.memory.estimate import (
+    _RECOMPUTE,
     GIB,
     PIPELINE_SPLITS,
     _invalid,
@@ -37,7 +39,9 @@ from tokenbatch.memory.steptime import TIME_PARTS, step_time
 __all__ = ["PlannedLayout", "plan"]
 
 _F64 = npt.NDArray[np.float64]
-_RECOMPUTE = ("none", "selective", "full")
+# The recomputation modes `plan` considers unless told otherwise.
+_DEFAULT_RECOMPUTE = ("none", "selective", "full")
+_RECOMPUTE_NAMES = {code: name for name, code in _RECOMPUTE.items()}
 _MAX_CP = 32
 _MAX_MICRO_BATCH = 64
 _VPP = (1, 2, 4, 8)
@@ -208,8 +212,38 @@ def _end_cost(spec: ModelSpec) -> float:
     return head + spec.mtp_layers * (last_layer / active + head)
 
 
+def _recompute_codes(modes: str | Sequence[str]) -> tuple[int, ...]:
+    """The codes of the recomputation modes ``plan`` is told to consider, in order, once."""
+    names = [modes] if isinstance(modes, str) else modes
+    try:
+        names = list(names)
+    except TypeError:
+        raise InvalidTypeError(
+            f"recompute must be a mode name or a sequence of them, got {type(modes).__name__}"
+        ) from None
+    codes: list[int] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise InvalidTypeError(f"recompute modes must be strings, got {name!r}")
+        code = _RECOMPUTE.get(name.lower())
+        if code is None:
+            raise InvalidValueError(
+                f"recompute must name modes among {', '.join(_RECOMPUTE)}, got {name!r}"
+            )
+        if code not in codes:
+            codes.append(code)
+    if not codes:
+        raise InvalidValueError("recompute must name at least one mode")
+    return tuple(codes)
+
+
 def _candidates(
-    spec: ModelSpec, num_gpus: int, seq_len: int, sequences: int, gpus_per_node: int
+    spec: ModelSpec,
+    num_gpus: int,
+    seq_len: int,
+    sequences: int,
+    gpus_per_node: int,
+    recompute_codes: tuple[int, ...],
 ) -> dict[str, npt.NDArray[np.int64]]:
     rows: list[tuple[int, ...]] = []
     end_cost = _end_cost(spec)
@@ -246,7 +280,7 @@ def _candidates(
                             continue
                         for ep in eps:
                             for zero in zeros:
-                                for recompute in range(3):
+                                for recompute in recompute_codes:
                                     rows.append(
                                         (
                                             *(dp, tp, pp, cp, ep, vpp, zero, recompute),
@@ -276,6 +310,7 @@ def plan(
     usable_fraction: float = 0.9,
     overlap_ep_comm: bool = False,
     deduplicated_dispatch: bool = False,
+    recompute: str | Sequence[str] = _DEFAULT_RECOMPUTE,
     distinct: bool = True,
     top: int | None = 20,
     **options: Any,
@@ -294,7 +329,10 @@ def plan(
     override its figures. ``compute_efficiency`` is the fraction of the peak that large
     matmuls reach; ``overlap_ep_comm`` hides expert-parallel all-to-alls behind other
     micro-batches' compute (DualPipe-style schedules) and ``deduplicated_dispatch`` sends
-    a token once per remote node (DeepEP-style dispatch). ``options`` go to the memory
+    a token once per remote node (DeepEP-style dispatch). ``recompute`` names the
+    recomputation modes to consider (one name or several; ``"core_attn"``, Megatron-Core's
+    default selective mode, is not among the defaults: it costs the time of
+    ``"selective"`` and keeps more). ``options`` go to the memory
     estimate (dtypes, ``fp8``, optimizer, ``activation_model``...). With ``distinct``
     (default) each parallel layout (``dp``, ``tp``, ``pp``, ``cp``, ``ep``) appears once,
     with its fastest ZeRO stage, recomputation, interleaving and micro-batch size; with
@@ -343,7 +381,8 @@ def plan(
         raise InvalidTypeError(f"plan chooses {', '.join(sorted(clash))} itself")
     inputs = scalar_inputs(options)
     sequences = global_batch_tokens // seq_len
-    c = _candidates(spec, num_gpus, seq_len, sequences, hw.gpus_per_node)
+    recompute_codes = _recompute_codes(recompute)
+    c = _candidates(spec, num_gpus, seq_len, sequences, hw.gpus_per_node, recompute_codes)
     if c["dp"].size == 0:
         return []
     grid = estimate_memory_grid(
@@ -357,7 +396,7 @@ def plan(
         ep=c["ep"],
         vpp=c["vpp"],
         zero=c["zero"],
-        recompute=np.asarray(_RECOMPUTE)[c["recompute"]],
+        recompute=c["recompute"],
         sequence_parallel=c["tp"] > 1,
         grad_accum_steps=c["grad_accum_steps"],
         first_stage_layers=c["first_stage_layers"],
@@ -410,7 +449,7 @@ def plan(
                 cp=int(cols["cp"][i]),
                 ep=int(cols["ep"][i]),
                 zero=int(cols["zero"][i]),
-                recompute=_RECOMPUTE[int(cols["recompute"][i])],
+                recompute=_RECOMPUTE_NAMES[int(cols["recompute"][i])],
                 micro_batch=int(cols["micro_batch"][i]),
                 grad_accum_steps=int(cols["grad_accum_steps"][i]),
                 memory=int(memory[i]),

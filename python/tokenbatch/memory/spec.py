@@ -67,8 +67,9 @@ class ModelSpec:
     keeps an fp32 copy of its input, DeepSeek-V3's router runs in fp32, grouped-GEMM
     experts; selective recomputation reruns only the attention core, as a checkpointed
     attention function does), ``"fused"`` for fused kernels as in Megatron-Core with
-    Transformer Engine (norms keep only their input and fp32 statistics; selective
-    recomputation also rebuilds the MLP activation). docs/memory.md lists each tensor.
+    Transformer Engine (norms keep only their input and fp32 statistics;
+    ``recompute="selective"`` also rebuilds the MLP activation, ``"core_attn"`` is
+    Megatron-Core's default, which does not). docs/memory.md lists each tensor.
 
     Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
     ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`

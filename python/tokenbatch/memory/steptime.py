@@ -125,7 +125,7 @@ def step_time(
     """Seconds per step of each candidate in ``c``, split into :data:`TIME_PARTS`.
 
     ``c`` holds arrays ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``zero``,
-    ``recompute`` (0 none, 1 selective, 2 full), ``micro_batch``, ``grad_accum_steps``
+    ``recompute`` (0 none, 1 selective, 2 full, 3 core_attn), ``micro_batch``, ``grad_accum_steps``
     and the layers of the first, middle and last pipeline stages (``first_layers``,
     ``middle_layers``, ``last_layers``). ``inputs`` are the memory estimate's numeric
     options (:func:`~tokenbatch.memory.estimate.scalar_inputs`). Also returns ``total``
@@ -183,8 +183,12 @@ def step_time(
         moe_share = 0.0
     layer = moe_share * moe_layer + (1.0 - moe_share) * dense_layer
     layer_forward = layer / 3.0
+    # Selective modes rebuild the attention core (and elementwise activations, whose
+    # time is not modelled).
     recompute_cost = np.select(
-        [recompute == 2, recompute == 1], [layer_forward, attention_core / 3.0], 0.0
+        [recompute == 2, (recompute == 1) | (recompute == 3)],
+        [layer_forward, attention_core / 3.0],
+        0.0,
     )
     head = matmul((projection or embedding) / tp, tokens)
     # The last stage also runs the output layer and the multi-token-prediction modules.

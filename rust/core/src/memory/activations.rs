@@ -42,19 +42,28 @@
 //! is also kept by another operation in the activation dtype (the attention output under
 //! flash attention without selective recomputation), the FP8 copy comes on top.
 //!
-//! Selective recomputation recomputes the attention core: it keeps only the core's inputs
-//! (q, and keys and values as flash attention gets them: unexpanded, since eager attention
-//! expands them inside the core), not its output, log-sum-exp or probabilities; `o_proj`
-//! keeps its own input. `fused` also recomputes the MLP activation function (as
-//! Megatron-Core's `moe_act` does for grouped-GEMM experts; for a dense MLP its default
-//! `core_attn` keeps the product too, measured in tests/test_memory_megatron_core.py and
-//! not counted here); `hf`, where
-//! selective recomputation is an attention function run under a checkpoint
-//! (`transformers` has no selective mode), keeps the MLP's tensors.
+//! Selective recomputation (`selective` and `core_attn`) recomputes the attention core:
+//! it keeps only the core's inputs (q, and keys and values as flash attention gets them:
+//! unexpanded, since eager attention expands them inside the core), not its output,
+//! log-sum-exp or probabilities; `o_proj` keeps its own input. The two modes differ in
+//! the rest of the layer:
+//!
+//! * `selective` (`fused`) also recomputes the MLP activation functions, keeping only
+//!   the inputs of the linear layers: Megatron-Core with `moe_act` for grouped-GEMM
+//!   experts, and the same for a dense MLP's activation.
+//! * `core_attn` is Megatron-Core's default (`recompute_modules=["core_attn"]`), as
+//!   measured in tests/test_memory_megatron_core.py: the MLP keeps all its tensors, and
+//!   with rotary positions the checkpoint's values are a view of the fused QKV output,
+//!   which keeps the queries and keys before rotary alive too.
+//!
+//! In `hf`, where selective recomputation is an attention function run under a
+//! checkpoint (`transformers` has no selective mode), both keep the MLP's tensors and
+//! q, k and v are separate projections.
 //!
 //! # `korthikanti`
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
 
+use crate::memory::layout::Recompute;
 use crate::memory::spec::{FfnType, Implementation, ModelSpec, NormType};
 
 /// How context-parallel ranks exchange keys and values (the `cp_comm` layout field).
@@ -114,7 +123,9 @@ pub(crate) struct ActCtx {
     pub key_len: f64,
     pub eager: bool,
     pub fused_swiglu: bool,
-    pub selective: bool,
+    /// Recomputation within a layer (full recomputation's working set, the layer
+    /// rebuilt, is estimated with `None`).
+    pub recompute: Recompute,
     /// Bytes per element of the weights (an fp32 router copies lower-precision ones).
     pub param_bytes: f64,
     /// Bytes per element of the inputs linear layers keep (1 with FP8 linear layers).
@@ -140,6 +151,18 @@ impl<'a> Activations<'a> {
         }
     }
 
+    /// Whether the attention core is recomputed in backward (`selective`, `core_attn`).
+    fn core_recomputed(&self) -> bool {
+        matches!(self.c.recompute, Recompute::Selective | Recompute::CoreAttn)
+    }
+
+    /// Whether the MLP activation functions are recomputed: `selective` where the code
+    /// base does (Megatron-Core's `moe_act`, and for a dense MLP the same rebuilt from
+    /// fc1's output); `transformers` has no such mode.
+    fn activation_recomputed(&self) -> bool {
+        self.c.recompute == Recompute::Selective && !self.hf
+    }
+
     /// A norm of width `width` on the residual stream's tokens.
     fn norm(&self, width: f64) -> f64 {
         let e = self.c.e;
@@ -156,9 +179,7 @@ impl<'a> Activations<'a> {
     /// product, the down projection's input; for GeLU fc1's output and the GeLU output.
     fn mlp_inner(&self, ffn: f64) -> f64 {
         let c = &self.c;
-        // Selective recomputation rebuilds the activation function only where the code
-        // base does (Megatron-Core); `transformers` has no such mode.
-        let recomputed = c.selective && !self.hf;
+        let recomputed = self.activation_recomputed();
         let (kept, down_input) = match (self.spec.ffn_type, recomputed, c.fused_swiglu) {
             (FfnType::SwiGlu, true, _) => (2.0, false),
             (FfnType::SwiGlu, false, true) => (2.0, true),
@@ -182,7 +203,8 @@ impl<'a> Activations<'a> {
         let query = e * a * dq;
         let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
         let projection_input = c.lin * a * dv;
-        if c.eager && !c.selective {
+        let core_recomputed = self.core_recomputed();
+        if c.eager && !core_recomputed {
             let probabilities = if self.hf {
                 let copy = if e < 4.0 { e } else { 0.0 };
                 (4.0 + copy) * a * c.key_len
@@ -204,9 +226,9 @@ impl<'a> Activations<'a> {
         } else {
             e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
         };
-        if c.selective {
+        if core_recomputed {
             // The core's output is rebuilt in backward; `o_proj` keeps its own input.
-            return input + mla_paths + query + keys_values + projection_input;
+            return input + mla_paths + query + keys_values + projection_input + self.qkv_view();
         }
         // The kernel keeps its output and log-sum-exp; `o_proj` keeps the same tensor,
         // unless it keeps an FP8 copy or (`hf` MLA) a contiguous copy.
@@ -217,6 +239,20 @@ impl<'a> Activations<'a> {
             0.0
         };
         input + mla_paths + query + keys_values + output + copy
+    }
+
+    /// What a checkpointed core keeps beyond q, k and v under Megatron-Core's
+    /// `core_attn`: the values it saves are a view of the fused QKV projection's output,
+    /// so the queries and keys before rotary stay alive with them. Without rotary
+    /// positions q and k are views of the same output, and MLA builds its own (not
+    /// measured; counted as `selective`).
+    fn qkv_view(&self) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        if c.recompute != Recompute::CoreAttn || self.hf || s.is_mla() || s.learned_positions > 0 {
+            return 0.0;
+        }
+        let a = s.num_heads as f64 / c.t;
+        c.e * (a + c.kv_per_rank) * s.qk_head_dim() as f64
     }
 
     /// MLA's low-rank query and key/value paths: a norm and the up-projection's input each.
@@ -363,7 +399,7 @@ impl<'a> Activations<'a> {
     pub fn korthikanti_layer(&self) -> LayerActs {
         let (s, c) = (self.spec, &self.c);
         let h = s.hidden_size as f64;
-        let scores = if c.selective {
+        let scores = if self.core_recomputed() {
             0.0
         } else {
             5.0 * s.num_heads as f64 * c.key_len / c.t

@@ -258,8 +258,8 @@ pub(crate) enum FieldRule {
     PositiveInteger,
     /// A non-negative whole number.
     Count,
-    /// 0, 1, 2 or 3.
-    ZeroStage,
+    /// 0, 1, 2 or 3 (a ZeRO stage, a recompute code).
+    FourWay,
     /// 0 or 1.
     Flag,
     /// 0, 1 or 2.
@@ -297,7 +297,7 @@ impl FieldRule {
                 }
             };
         }
-        each!(PositiveInteger Count ZeroStage Flag ThreeWay PipelineSplit NonNegative Fraction);
+        each!(PositiveInteger Count FourWay Flag ThreeWay PipelineSplit NonNegative Fraction);
     }
 
     /// The least and the largest value the rule accepts: for whole numbers (an integer
@@ -307,7 +307,7 @@ impl FieldRule {
         match self {
             FieldRule::PositiveInteger => (1.0, f64::MAX),
             FieldRule::Count | FieldRule::NonNegative => (0.0, f64::MAX),
-            FieldRule::ZeroStage => (0.0, 3.0),
+            FieldRule::FourWay => (0.0, 3.0),
             FieldRule::Flag | FieldRule::Fraction => (0.0, 1.0),
             FieldRule::ThreeWay => (0.0, 2.0),
             FieldRule::PipelineSplit => (0.0, 4.0),
@@ -328,9 +328,9 @@ pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
         5 => (R::PositiveInteger, Invalid::Cp),
         6 => (R::PositiveInteger, Invalid::Ep),
         7 => (R::PositiveInteger, Invalid::Vpp),
-        8 => (R::ZeroStage, Invalid::Zero),
+        8 => (R::FourWay, Invalid::Zero),
         9 => (R::Flag, Invalid::SequenceParallel),
-        10 => (R::ThreeWay, Invalid::Recompute),
+        10 => (R::FourWay, Invalid::Recompute),
         11 => (R::Count, Invalid::GradAccumSteps),
         19 => (R::Flag, Invalid::ActivationModel),
         20 => (R::Flag, Invalid::Attention),
@@ -474,7 +474,7 @@ fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
     }
 }
 
-/// Whether `l` recomputes fully. A comparison of the code (validated: 0, 1 or 2) rather
+/// Whether `l` recomputes fully. A comparison of the code (validated: 0 to 3) rather
 /// than of the [`Recompute`] mode: a float comparison chooses between values with masks,
 /// where a branch on the mode, which varies from cell to cell in a list of layouts, was
 /// mispredicted.
@@ -775,7 +775,6 @@ impl Terms {
         let t = k.tp;
         let sp = k.sequence_parallel == 1.0 && t > 1.0;
         let recompute = Recompute::from_code(k.recompute);
-        let selective = recompute == Recompute::Selective;
         let e = k.activation_bytes;
         let copies = spec.top_k as f64 * capacity_multiple(k.moe_capacity_factor);
         let c = ActCtx {
@@ -786,7 +785,7 @@ impl Terms {
             key_len: k.key_len,
             eager: k.attention == 1.0,
             fused_swiglu: k.fused_swiglu == 1.0,
-            selective,
+            recompute,
             param_bytes: k.param_bytes,
             lin: if k.fp8 == 1.0 { 1.0 } else { e },
             copies,
@@ -818,7 +817,7 @@ impl Terms {
             let full = Activations::new(
                 spec,
                 ActCtx {
-                    selective: false,
+                    recompute: Recompute::None,
                     ..c
                 },
             );

@@ -46,16 +46,21 @@ pub const N_LAYOUT_FIELDS: usize = LAYOUT_FIELDS.len();
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recompute {
     None,
+    /// The attention core and the activation functions.
     Selective,
     Full,
+    /// The attention core only: Megatron-Core's default selective recomputation
+    /// (`recompute_modules=["core_attn"]`).
+    CoreAttn,
 }
 
 impl Recompute {
-    /// The mode of a `recompute` code (0, 1 or 2; validated before).
+    /// The mode of a `recompute` code (0 to 3; validated before).
     pub fn from_code(code: f64) -> Self {
         match code as u8 {
             1 => Recompute::Selective,
             2 => Recompute::Full,
+            3 => Recompute::CoreAttn,
             _ => Recompute::None,
         }
     }
@@ -95,7 +100,7 @@ pub struct Layout {
     pub vpp: f64,
     pub zero: f64,
     pub sequence_parallel: f64,
-    /// 0 none, 1 selective, 2 full.
+    /// 0 none, 1 selective, 2 full, 3 core_attn.
     pub recompute: f64,
     /// Micro-batches per optimizer step; 0 means enough to fill the pipeline.
     pub grad_accum_steps: f64,
@@ -354,7 +359,7 @@ impl Invalid {
             Invalid::Vpp => "vpp must be a positive integer (1 unless pp > 1)",
             Invalid::Zero => "zero must be 0, 1, 2 or 3",
             Invalid::SequenceParallel => "sequence_parallel must be a boolean",
-            Invalid::Recompute => "recompute must be 'none', 'selective' or 'full'",
+            Invalid::Recompute => "recompute must be 'none', 'selective', 'full' or 'core_attn'",
             Invalid::GradAccumSteps => {
                 "grad_accum_steps must be a non-negative integer (0 or None: fills the pipeline)"
             }

@@ -349,6 +349,60 @@ fn selective_recomputation_keeps_only_the_attention_cores_inputs() {
 }
 
 #[test]
+fn core_attn_keeps_the_mlp_and_the_fused_qkv_output() {
+    // Megatron-Core's default selective recomputation (`core_attn`, code 3) against
+    // `selective` (code 1), Llama-3-8B on 1,024 tokens: the same attention core rebuilt,
+    // but the MLP keeps silu(gate) and the product (2 x 2f bytes) and the checkpoint's
+    // values keep the fused QKV output alive, so the queries and keys before rotary too
+    // (2 (a + g) d bytes); everything else as `selective`.
+    let (layers, tokens, a, g, d, f) = (32.0, 1024.0, 32.0, 8.0, 128.0, 14336.0);
+    let per_layer_token = layers * tokens;
+    let at = |spec: &ModelSpec, recompute: f64, activation_model: f64| {
+        one(
+            spec,
+            &Layout {
+                seq_len: tokens,
+                recompute,
+                activation_model,
+                ..Layout::default()
+            },
+        )
+    };
+    let fused = llama_8b();
+    let (selective, core_attn) = (at(&fused, 1.0, 0.0), at(&fused, 3.0, 0.0));
+    assert_eq!(
+        core_attn.act_mlp - selective.act_mlp,
+        per_layer_token * 4.0 * f
+    );
+    assert_eq!(
+        core_attn.act_attention - selective.act_attention,
+        per_layer_token * 2.0 * (a + g) * d
+    );
+    assert_eq!(core_attn.act_norm, selective.act_norm);
+    // The MLP as without recomputation.
+    assert_eq!(core_attn.act_mlp, at(&fused, 0.0, 0.0).act_mlp);
+    // Learned positions: q and k are views of the QKV output as well, nothing more kept.
+    let learned = ModelSpec {
+        learned_positions: 4096,
+        ..llama_8b()
+    };
+    assert_eq!(
+        at(&learned, 3.0, 0.0).act_attention,
+        at(&learned, 1.0, 0.0).act_attention
+    );
+    // MoE experts keep their activation too (Megatron-Core's `moe_act` is not in it).
+    assert!(at(&mixtral(), 3.0, 0.0).act_mlp > at(&mixtral(), 1.0, 0.0).act_mlp);
+    // `hf` has no selective mode of its own, and Korthikanti's table one selective mode:
+    // the two are the same there.
+    let hf = ModelSpec {
+        implementation: Implementation::Hf,
+        ..llama_8b()
+    };
+    assert_eq!(at(&hf, 3.0, 0.0), at(&hf, 1.0, 0.0));
+    assert_eq!(at(&fused, 3.0, 1.0), at(&fused, 1.0, 1.0));
+}
+
+#[test]
 fn invalid_configurations_report_a_reason() {
     let spec = llama_8b();
     let check = |layout: Layout, reason: Invalid| {
@@ -363,6 +417,13 @@ fn invalid_configurations_report_a_reason() {
     check(Layout { tp: 64.0, ..base }, Invalid::TpHeads);
     check(Layout { pp: 3.0, ..base }, Invalid::PpLayers);
     check(Layout { zero: 4.0, ..base }, Invalid::Zero);
+    check(
+        Layout {
+            recompute: 4.0,
+            ..base
+        },
+        Invalid::Recompute,
+    );
     check(
         Layout {
             seq_len: f64::NAN,
@@ -658,7 +719,7 @@ fn arb_layout() -> impl Strategy<Value = Layout> {
         prop::sample::select(vec![1.0, 2.0, 4.0, 8.0]),
         prop::sample::select(vec![1.0, 2.0, 4.0]),
         0u32..4,
-        0u32..3,
+        0u32..4,
         0u32..2,
         0u32..2,
     )
@@ -700,8 +761,15 @@ proptest! {
             let z = one(&spec, &Layout { zero: layout.zero + 1.0, ..layout });
             prop_assert!(z.params + z.grads + z.optimizer <= b.params + b.grads + b.optimizer);
         }
-        if layout.recompute < 2.0 && layout.activation_model == 1.0 {
-            let r = one(&spec, &Layout { recompute: layout.recompute + 1.0, ..layout });
+        // Recompute codes from the most kept to the least: none, core_attn, selective,
+        // full. With flash attention `core_attn` frees only the log-sum-exp and keeps the
+        // fused QKV output, more than it frees: compared with eager attention, whose
+        // probabilities it frees. Full keeps one layer's working set beside the
+        // checkpoints: compared in Korthikanti's model.
+        let lighter = match layout.recompute as u8 { 0 => Some(3.0), 3 => Some(1.0), 1 => Some(2.0), _ => None };
+        if let Some(recompute) = lighter.filter(|&r| r != 2.0 || layout.activation_model == 1.0) {
+            let heavier = Layout { attention: 1.0, ..layout };
+            let (r, b) = (one(&spec, &Layout { recompute, ..heavier }), one(&spec, &heavier));
             prop_assert!(r.activations <= b.activations);
         }
     }
@@ -716,7 +784,7 @@ proptest! {
             prop::sample::select(vec![1.0, 8.0]),
             prop::sample::select(vec![1.0, 4.0]),
             0u32..4,
-            0u32..3,
+            0u32..4,
             0u32..2,
         ),
         pp in prop::sample::select(vec![1.0, 2.0, 4.0, 8.0]),
