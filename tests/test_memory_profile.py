@@ -57,31 +57,66 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def _swiglu(gate: torch.Tensor, up: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+    hidden = functional.silu(gate) * up
+    return hidden if probs is None else hidden * probs
+
+
+def _rebuild(*saved: Any) -> tuple[list[Any], torch.Tensor]:
+    """``_swiglu`` of saved inputs, run again with gradients: the inputs and its output."""
+    inputs = [x if x is None else x.detach().requires_grad_() for x in saved]
+    with torch.enable_grad():
+        return inputs, _swiglu(*inputs)
+
+
+def _input_grads(inputs: list[Any], hidden: torch.Tensor, grad: torch.Tensor) -> tuple[Any, ...]:
+    grads = iter(torch.autograd.grad(hidden, [x for x in inputs if x is not None], grad))
+    return tuple(None if x is None else next(grads) for x in inputs)
+
+
+class _Rebuilt(torch.autograd.Function):
+    """``_swiglu`` that keeps only its inputs, as one fused kernel does."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, probs: Any) -> torch.Tensor:
+        ctx.save_for_backward(gate, up, probs)
+        return _swiglu(gate, up, probs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        inputs, hidden = _rebuild(*ctx.saved_tensors)
+        return _input_grads(inputs, hidden, grad)
+
+
 class _SwiGLUDown(torch.autograd.Function):
-    """``down(silu(gate) * up)`` keeping only ``gate`` and ``up``: the activation and its
-    product are rebuilt in backward, as selective recomputation of the MLP activation does
-    (Megatron-Core frees the recomputed output the second projection would keep)."""
+    """``down(_swiglu(gate, up, probs))`` keeping only ``gate``, ``up`` and ``probs``: the
+    activation is rebuilt in backward, as selective recomputation of the MLP activation
+    does (Megatron-Core frees the recomputed output the second projection would keep)."""
 
     @staticmethod
-    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) -> Any:
-        ctx.save_for_backward(gate, up, weight)
-        return functional.linear(functional.silu(gate) * up, weight)
+    def forward(
+        ctx: Any, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, probs: Any
+    ) -> Any:
+        ctx.save_for_backward(gate, up, weight, probs)
+        return functional.linear(_swiglu(gate, up, probs), weight)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        gate, up, weight = ctx.saved_tensors
-        with torch.enable_grad():
-            gate_, up_ = gate.detach().requires_grad_(), up.detach().requires_grad_()
-            hidden = functional.silu(gate_) * up_
-        grad_hidden = grad @ weight
-        grad_gate, grad_up = torch.autograd.grad(hidden, (gate_, up_), grad_hidden)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        gate, up, weight, probs = ctx.saved_tensors
+        inputs, hidden = _rebuild(gate, up, probs)
         grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ hidden.detach().reshape(
             -1, hidden.shape[-1]
         )
-        return grad_gate, grad_up, grad_weight
+        grad_gate, grad_up, grad_probs = _input_grads(inputs, hidden, grad @ weight)
+        return grad_gate, grad_up, grad_weight, grad_probs
 
 
 class SwiGLU(nn.Module):
+    """A SwiGLU MLP. With ``probs`` (an expert's routing weights) they are applied inside
+    the activation, which keeps them and not the expert's output, as Megatron-Core's
+    weighted SwiGLU does; the weighted activation is one function that keeps only its
+    inputs (a fused kernel's)."""
+
     def __init__(self, h: int, f: int, selective: bool = False) -> None:
         super().__init__()
         self.gate = nn.Linear(h, f, bias=False)
@@ -89,17 +124,20 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(f, h, bias=False)
         self.selective = selective
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+        gate, up = self.gate(x), self.up(x)
         if self.selective:
-            out: torch.Tensor = _SwiGLUDown.apply(self.gate(x), self.up(x), self.down.weight)
+            out: torch.Tensor = _SwiGLUDown.apply(gate, up, self.down.weight, probs)
             return out
-        out = self.down(functional.silu(self.gate(x)) * self.up(x))
+        hidden = _swiglu(gate, up, None) if probs is None else _Rebuilt.apply(gate, up, probs)
+        out = self.down(hidden)
         return out
 
 
 class MoE(nn.Module):
-    """Mixtral-style top-k routing over SwiGLU experts, combined with a scatter-add that keeps
-    only the indices (as Megatron-Core's unpermute does)."""
+    """Mixtral-style top-k routing over SwiGLU experts weighted inside their activation,
+    combined with a scatter-add that keeps only the indices (as Megatron-Core's
+    unpermute does)."""
 
     def __init__(self, h: int, f: int, experts: int, top_k: int, selective: bool) -> None:
         super().__init__()
@@ -116,7 +154,7 @@ class MoE(nn.Module):
         out = torch.zeros_like(x)
         for index, expert in enumerate(self.experts):
             token, slot = torch.where(chosen == index)
-            y = expert(x[token]) * weights[token, slot, None]
+            y = expert(x[token], weights[token, slot, None])
             out = out.index_put((token,), y, accumulate=True)
         return out.reshape(shape)
 
@@ -217,7 +255,11 @@ def test_mixed_precision_step_matches_the_estimate(spec: ModelSpec, recompute: s
     model = Llama(spec, s, selective=recompute == "selective").to(torch.bfloat16)
     optimizer, step = master_weight_adamw(model, lr=1e-3)
     measured = profile(model, _batch(spec, b, s), optimizer=optimizer, optimizer_step=step)
-    estimate = estimate_memory(spec, seq_len=s, micro_batch=b, recompute=recompute)
+    # The experts' weighted activation is one function keeping only its inputs, as with
+    # `fused_swiglu`; the dense MLP is plain autograd.
+    estimate = estimate_memory(
+        spec, seq_len=s, micro_batch=b, recompute=recompute, fused_swiglu=spec.is_moe
+    )
     n = spec.num_params()
     assert measured.params == estimate.params == 2 * n
     assert measured.grads == estimate.grads == 2 * n

@@ -30,11 +30,14 @@
 //!   probabilities, int64 top-k indices, the fp32 sum and normalized weights; `hf`
 //!   sigmoid routers with a correction bias, DeepSeek-V3's, run in fp32: an fp32 copy of
 //!   the input and, for weights not in fp32, of the router weight, the fp32 scores and a
-//!   byte mask per expert, with group-limited routing the int64 indices of the groups' top
-//!   scores and of the chosen groups); per routed copy of a token the gathered expert input and the
-//!   expert output (`2 e h`), the expert's inner activations, its fp32 routing weight and
-//!   the int64 indices of the sort by expert (3 in `hf`'s grouped GEMM, 1 in `fused`);
-//!   shared experts their inner activations.
+//!   byte mask per expert; with group-limited routing the int64 indices of the groups' top
+//!   scores and of the chosen groups; `fused`, Megatron-Core's routers: see
+//!   `Activations::fused_moe`). Per routed copy of a token, `hf` keeps the gathered
+//!   expert input and the expert output (`2 e h`), the expert's inner activations, its
+//!   fp32 routing weight and three int64 indices of the sort by expert (grouped GEMM);
+//!   `fused` the gathered input, the inner activations, the routing weight in the
+//!   activation dtype (applied inside the activation function, so the expert output is
+//!   not kept) and one index. Shared experts keep their inner activations.
 //! * **rotary tables** (`hf`): cos and sin of every position, once per micro-batch.
 //!
 //! With FP8 linear layers, the inputs linear layers keep for backward (of the q/k/v, MLA
@@ -284,9 +287,15 @@ impl<'a> Activations<'a> {
         let experts = s.num_experts as f64;
         // In f64, as the parameter counts are: the u64 product can overflow.
         let shared = self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64);
-        let (router, indices, router_weight) = if !self.hf {
-            (4.0 * experts + 12.0 * k, 8.0, 0.0)
-        } else if s.router_bias {
+        let groups = if s.router_groups > 1 {
+            16.0 * s.router_groups as f64 + 8.0 * s.router_group_top_k as f64
+        } else {
+            0.0
+        };
+        if !self.hf {
+            return (self.fused_moe(input, groups, shared), 0.0);
+        }
+        let (router, router_weight) = if s.router_bias {
             // Sigmoid router in fp32 (DeepSeek-V3): an fp32 copy of the input (and of the
             // weight) unless they are fp32 already, the scores, the expert mask, top-k
             // indices, the normalizer and the normalized weights.
@@ -298,28 +307,50 @@ impl<'a> Activations<'a> {
             };
             // Group-limited routing keeps the int64 indices of each group's top two scores
             // and of the chosen groups.
-            let groups = if s.router_groups > 1 {
-                16.0 * s.router_groups as f64 + 8.0 * s.router_group_top_k as f64
-            } else {
-                0.0
-            };
             (
                 input_copy + 5.0 * experts + 12.0 * k + 4.0 + groups,
-                24.0,
                 weight_copy,
             )
         } else {
             // Softmax router: fp32 probabilities, top-k indices, normalizer and weights.
-            (4.0 * experts + 12.0 * k + 4.0, 24.0, 0.0)
+            (4.0 * experts + 12.0 * k + 4.0, 0.0)
         };
         // A low-precision input upcast by an fp32 router is kept only by shared experts.
-        let keeps_input = !(self.hf && s.router_bias && e < 4.0) || s.num_shared_experts > 0;
+        let keeps_input = !s.router_bias || e >= 4.0 || s.num_shared_experts > 0;
+        // Per routed copy: the gathered input, the expert's inner activations, the expert
+        // output and fp32 weight of the weighted sum, three int64 indices of the sort.
         let routed = c.copies
-            * ((c.lin + e) * h / c.rep
-                + self.mlp_inner(s.moe_ffn_size as f64)
-                + (4.0 + indices) / c.rep);
+            * ((c.lin + e) * h / c.rep + self.mlp_inner(s.moe_ffn_size as f64) + 28.0 / c.rep);
         let per_token = if keeps_input { input } else { 0.0 } + router / c.rep + routed + shared;
         (per_token, router_weight)
+    }
+
+    /// A Megatron-Core MoE block per token (measured in tests/test_memory_megatron_core.py):
+    /// the router's input, the router's tensors, per routed copy the gathered input, the
+    /// expert's inner activations, its routing weight and one int64 index of the sort by
+    /// expert; the routing weight is applied inside the activation function, so the
+    /// expert's output is not kept. `groups` is what group-limited routing keeps.
+    fn fused_moe(&self, input: f64, groups: f64, shared: f64) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        let (e, h) = (c.e, s.hidden_size as f64);
+        let k = s.top_k as f64;
+        let experts = s.num_experts as f64;
+        // Both routers keep the int64 top-k indices, a byte mask of each token's experts
+        // and its probabilities over the experts in the activation dtype.
+        let common = 8.0 * k + experts + e * experts;
+        let router = if s.router_bias {
+            // Sigmoid scores in fp32 and their cast back, the normalizer and the chosen
+            // weights; group-limited routing a byte mask over the experts as well.
+            let cast = if e < 4.0 { e * experts } else { 0.0 };
+            let group_mask = if groups > 0.0 { experts } else { 0.0 };
+            common + 4.0 * experts + cast + e + e * k + groups + group_mask
+        } else {
+            // Softmax over the top-k scores, in fp32.
+            common + 4.0 * k
+        };
+        let routed = c.copies
+            * (c.lin * h / c.rep + self.mlp_inner(s.moe_ffn_size as f64) + (e + 8.0) / c.rep);
+        input + router / c.rep + routed + shared
     }
 
     /// One layer per token, and its bytes per micro-batch that do not scale with tokens.
