@@ -1,26 +1,28 @@
 """``implementation="fused"`` against real Megatron-Core modules, on CPU.
 
 Two-layer ``GPTModel``s of megatron-core, built with its local (no Transformer Engine)
-layer spec (a dense SwiGLU model; a mixture of experts with a softmax router; one with
-DeepSeek-V3's sigmoid router, expert bias, group-limited routing and a shared expert;
-experts run as Megatron-Core's ``SequentialMLP`` with the all-gather token dispatcher),
-each train for one step under :func:`tokenbatch.profile` (bytes saved for
-backward, deduplicated by storage, parameters excluded) without recomputation, with
-Megatron-Core's default selective recomputation (``recompute_granularity="selective"``,
-``recompute_modules=["core_attn"]``, estimated as ``recompute="core_attn"``) and with full
-recomputation. It is cast to bf16 as Megatron's ``Float16Module`` does, uses the
-fused SwiGLU (``bias_activation_fusion``) and a softmax that keeps its bf16 output only
-(``attention_softmax_in_fp32=False``, what the fused softmax kernels save). The local spec
-is not Transformer Engine, so the measurement is the estimate plus the tensors that the
-local modules keep and the fused ones do not, each named in :func:`local_spec_extra`;
-the test requires that sum to the byte.
+layer spec (a dense SwiGLU model; a mixture of experts with a softmax router and the
+all-gather token dispatcher; one with DeepSeek-V3's sigmoid router, expert bias,
+group-limited routing, a shared expert and the all-to-all dispatcher; experts run as
+Megatron-Core's ``SequentialMLP``), each train for one step under
+:func:`tokenbatch.profile` (bytes saved for backward, deduplicated by storage, parameters
+excluded) without recomputation, with Megatron-Core's default selective recomputation
+(``recompute_granularity="selective"``, ``recompute_modules=["core_attn"]``, estimated as
+``recompute="core_attn"``) and with full recomputation. It is cast to bf16 as Megatron's
+``Float16Module`` does, uses the fused SwiGLU (``bias_activation_fusion``) and a softmax
+that keeps its bf16 output only (``attention_softmax_in_fp32=False``, what the fused
+softmax kernels save). The local spec is not Transformer Engine, so the measurement is the
+estimate plus the tensors that the local modules keep and the fused ones do not, each
+named in :func:`local_spec_extra`; the test requires that sum to the byte.
 
-Megatron-Core runs on CPU here with four substitutions, for device placement, RNG
-bookkeeping (no dropout runs) and a missing optional dependency:
+Megatron-Core runs on CPU here with five substitutions, for device placement, RNG
+bookkeeping (no dropout runs), CUDA streams and a missing optional dependency:
 ``torch.cuda.current_device()`` (called for buffers, rotary frequencies) returns
 ``"cpu"``, the CUDA RNG state functions of ``megatron.core.tensor_parallel.random`` use the
 CPU generator, the RNG tracker's states are set from it (``model_parallel_cuda_manual_seed``
-calls ``torch.cuda``), and the router's matmul finds Transformer Engine's GEMM absent
+calls ``torch.cuda``), the all-to-all dispatcher's side stream for its host copies of the
+token counts is the host itself (a stream whose events are always complete), and the
+router's matmul finds Transformer Engine's GEMM absent
 (``moe_utils`` refers to ``te_general_gemm`` without defining it when Transformer Engine is
 not installed). The causal mask is passed explicitly (its default is built with
 ``device="cuda"``).
@@ -28,6 +30,7 @@ not installed). The causal mask is passed explicitly (its default is built with
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -46,7 +49,7 @@ with warnings.catch_warnings():
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import random as megatron_random
-    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
     from megatron.core.transformer.transformer_config import TransformerConfig
 
 # Hidden, layers, heads, key/value groups, head size, MLP width, vocabulary, batch, length.
@@ -60,7 +63,12 @@ NE, K, MF = 4, 2, 96
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dense": ({}, {}),
     "moe": (
-        {"num_moe_experts": NE, "moe_router_topk": K, "moe_ffn_hidden_size": MF},
+        {
+            "num_moe_experts": NE,
+            "moe_router_topk": K,
+            "moe_ffn_hidden_size": MF,
+            "moe_token_dispatcher_type": "allgather",
+        },
         {"num_experts": NE, "top_k": K, "moe_ffn_size": MF},
     ),
     "deepseek_moe": (
@@ -73,6 +81,7 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "moe_router_num_groups": 2,
             "moe_router_group_topk": 1,
             "moe_shared_expert_intermediate_size": MF,
+            "moe_token_dispatcher_type": "alltoall",
         },
         {
             "num_experts": NE,
@@ -97,6 +106,19 @@ pytestmark = [
 ]
 
 
+class _HostStream:
+    """A stream on the host: work on it is done when issued, so its events are complete."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def megatron_on_cpu() -> Iterator[None]:
     """One-process model parallelism (gloo, world size 1) with Megatron's CUDA-only
@@ -108,6 +130,11 @@ def megatron_on_cpu() -> Iterator[None]:
         megatron_random, "_set_cuda_rng_state", lambda state, *a, **k: torch.set_rng_state(state)
     )
     patch.setattr(moe_utils, "te_general_gemm", None, raising=False)
+    host = _HostStream()
+    patch.setattr(torch.cuda, "Stream", lambda *a, **k: host)
+    patch.setattr(torch.cuda, "current_stream", lambda *a, **k: host)
+    patch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    patch.setattr(token_dispatcher.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", None)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
@@ -130,11 +157,9 @@ def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
     config_options, spec_options = MODELS[model_name]
     options: dict[str, Any] = {}
     if "num_moe_experts" in config_options:
-        # The all-gather dispatcher (the all-to-all one opens a CUDA stream), experts
-        # balanced by nothing but the router.
+        # Experts balanced by nothing but the router.
         options = {
             **config_options,
-            "moe_token_dispatcher_type": "allgather",
             "moe_router_load_balancing_type": "none",
             "moe_aux_loss_coeff": 0.0,
         }
