@@ -57,35 +57,45 @@ H, L, A, G, D, F, V, B, S = 128, 2, 4, 2, 32, 352, 256, 2, 64
 E = 2  # bf16
 TOKENS = B * S
 RECOMPUTE = ("none", "core_attn", "full")
-# Experts, experts per token, the width of each expert (routed and shared).
-NE, K, MF = 4, 2, 96
-# Per model: Megatron-Core's TransformerConfig options and the ModelSpec's.
+# The width of each expert (routed and shared).
+MF = 96
+
+
+def _moe(experts: int, top_k: int, dispatcher: str, **router: Any) -> dict[str, Any]:
+    """Megatron-Core's options for a mixture of experts."""
+    return {
+        "num_moe_experts": experts,
+        "moe_router_topk": top_k,
+        "moe_ffn_hidden_size": MF,
+        "moe_token_dispatcher_type": dispatcher,
+        **router,
+    }
+
+
+# Per model: Megatron-Core's TransformerConfig options and the ModelSpec's. The
+# DeepSeek-style router takes 4 of 8 experts from 1 of 2 groups, ranking the groups by
+# their top 4 / 1 scores (DeepSeek-V3's own 8 / 4 = 2 would not tell the count apart from
+# a fixed two).
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dense": ({}, {}),
     "moe": (
-        {
-            "num_moe_experts": NE,
-            "moe_router_topk": K,
-            "moe_ffn_hidden_size": MF,
-            "moe_token_dispatcher_type": "allgather",
-        },
-        {"num_experts": NE, "top_k": K, "moe_ffn_size": MF},
+        _moe(4, 2, "allgather"),
+        {"num_experts": 4, "top_k": 2, "moe_ffn_size": MF},
     ),
     "deepseek_moe": (
+        _moe(
+            8,
+            4,
+            "alltoall",
+            moe_router_score_function="sigmoid",
+            moe_router_enable_expert_bias=True,
+            moe_router_num_groups=2,
+            moe_router_group_topk=1,
+            moe_shared_expert_intermediate_size=MF,
+        ),
         {
-            "num_moe_experts": NE,
-            "moe_router_topk": K,
-            "moe_ffn_hidden_size": MF,
-            "moe_router_score_function": "sigmoid",
-            "moe_router_enable_expert_bias": True,
-            "moe_router_num_groups": 2,
-            "moe_router_group_topk": 1,
-            "moe_shared_expert_intermediate_size": MF,
-            "moe_token_dispatcher_type": "alltoall",
-        },
-        {
-            "num_experts": NE,
-            "top_k": K,
+            "num_experts": 8,
+            "top_k": 4,
             "moe_ffn_size": MF,
             "router_bias": True,
             "router_groups": 2,

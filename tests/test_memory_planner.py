@@ -188,5 +188,6 @@ def test_recompute_names_the_modes_the_planner_considers() -> None:
         plan(spec, recompute=[], **kwargs)
     with pytest.raises(InvalidTypeError, match="recompute modes must be strings"):
         plan(spec, recompute=[1], **kwargs)  # type: ignore[list-item]
-    with pytest.raises(InvalidTypeError, match="recompute must be a mode name"):
-        plan(spec, recompute=3, **kwargs)  # type: ignore[arg-type]
+    for not_names in (3, b"none"):
+        with pytest.raises(InvalidTypeError, match="recompute must be a mode name"):
+            plan(spec, recompute=not_names, **kwargs)  # type: ignore[arg-type]

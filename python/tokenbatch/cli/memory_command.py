@@ -30,7 +30,7 @@ from tokenbatch.memory.estimate import (
     estimate_memory,
 )
 from tokenbatch.memory.hardware import HARDWARE
-from tokenbatch.memory.planner import plan
+from tokenbatch.memory.planner import _DEFAULT_RECOMPUTE, plan
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 
@@ -88,9 +88,6 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-_RECOMPUTE_MODES = list(_RECOMPUTE)
-
-
 def register(subparsers: Any) -> None:
     memory: argparse.ArgumentParser = subparsers.add_parser(
         "memory",
@@ -106,10 +103,11 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--sequence-parallel", action="store_true")
     memory.add_argument(
         "--recompute",
-        choices=_RECOMPUTE_MODES,
+        choices=list(_RECOMPUTE),
         default="none",
-        help="none (default); selective: the attention core and MLP activations; "
-        "core_attn: the attention core only (Megatron-Core's default selective); full",
+        help="none (default); selective: the attention core and, with --implementation "
+        "fused, the MLP activations; core_attn: the attention core only (Megatron-Core's "
+        "default selective; the same as selective with hf); full",
     )
     memory.add_argument(
         "--pipeline-split",
@@ -179,15 +177,25 @@ def register(subparsers: Any) -> None:
     )
     planner.add_argument(
         "--recompute",
-        choices=_RECOMPUTE_MODES,
-        nargs="+",
-        default=["none", "selective", "full"],
-        metavar="MODE",
-        help="recomputation modes to consider, among none, selective, full, core_attn "
-        "(default: none selective full)",
+        type=_recompute_modes,
+        default=list(_DEFAULT_RECOMPUTE),
+        metavar="MODE[,MODE...]",
+        help=f"recomputation modes to consider, comma-separated, among {', '.join(_RECOMPUTE)} "
+        f"(default: {','.join(_DEFAULT_RECOMPUTE)})",
     )
     planner.add_argument("--top", type=count(), default=10, help="layouts to list")
     planner.set_defaults(handler=run_plan)
+
+
+def _recompute_modes(text: str) -> list[str]:
+    """``--recompute`` of ``plan``: comma-separated mode names."""
+    modes = [mode.strip().lower() for mode in text.split(",")]
+    unknown = [mode for mode in modes if mode not in _RECOMPUTE]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown recomputation mode {unknown[0]!r}: choose among {', '.join(_RECOMPUTE)}"
+        )
+    return modes
 
 
 def add_gpu_memory(

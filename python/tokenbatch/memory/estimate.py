@@ -433,8 +433,9 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     Options (defaults): ``micro_batch=1``, ``dp=1``, ``tp=1``, ``pp=1``, ``cp=1``, ``ep=1``,
     ``vpp=1`` (virtual pipeline chunks, interleaved 1F1B when > 1), ``zero=0`` (0-3; 3 is
     FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``: the
-    attention core and the MLP activation functions; ``"core_attn"``: the attention core
-    only, Megatron-Core's default selective recomputation; ``"full"``),
+    attention core and, with ``implementation="fused"``, the MLP activation functions;
+    ``"core_attn"``: the attention core only, Megatron-Core's default selective
+    recomputation, the same as ``"selective"`` for ``"hf"``; ``"full"``),
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
     ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``
     (``"fp8"``: FP8 weights), ``grad_dtype`` (default: ``param_dtype``, bf16 for FP8

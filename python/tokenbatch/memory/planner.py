@@ -214,13 +214,15 @@ def _end_cost(spec: ModelSpec) -> float:
 
 def _recompute_codes(modes: str | Sequence[str]) -> tuple[int, ...]:
     """The codes of the recomputation modes ``plan`` is told to consider, in order, once."""
-    names = [modes] if isinstance(modes, str) else modes
+    not_names = InvalidTypeError(
+        f"recompute must be a mode name or a sequence of them, got {type(modes).__name__}"
+    )
+    if isinstance(modes, bytes | bytearray):
+        raise not_names
     try:
-        names = list(names)
+        names = [modes] if isinstance(modes, str) else list(modes)
     except TypeError:
-        raise InvalidTypeError(
-            f"recompute must be a mode name or a sequence of them, got {type(modes).__name__}"
-        ) from None
+        raise not_names from None
     codes: list[int] = []
     for name in names:
         if not isinstance(name, str):
@@ -332,7 +334,7 @@ def plan(
     a token once per remote node (DeepEP-style dispatch). ``recompute`` names the
     recomputation modes to consider (one name or several; ``"core_attn"``, Megatron-Core's
     default selective mode, is not among the defaults: it costs the time of
-    ``"selective"`` and keeps more). ``options`` go to the memory
+    ``"selective"`` and keeps at least as much). ``options`` go to the memory
     estimate (dtypes, ``fp8``, optimizer, ``activation_model``...). With ``distinct``
     (default) each parallel layout (``dp``, ``tp``, ``pp``, ``cp``, ``ep``) appears once,
     with its fastest ZeRO stage, recomputation, interleaving and micro-batch size; with
@@ -373,7 +375,7 @@ def plan(
         raise InvalidValueError(
             f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len}"
         )
-    chosen = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp", "zero", "recompute"}
+    chosen = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp", "zero"}
     chosen |= {"seq_len", "sequence_parallel", "grad_accum_steps"}
     chosen |= {"pipeline_split", "first_stage_layers", "last_stage_layers"}
     clash = chosen & set(options)

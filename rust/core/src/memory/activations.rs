@@ -248,7 +248,9 @@ impl<'a> Activations<'a> {
     /// `core_attn`: the values it saves are a view of the fused QKV projection's output,
     /// so the queries and keys before rotary stay alive with them. Without rotary
     /// positions q and k are views of the same output, and MLA builds its own (not
-    /// measured; counted as `selective`).
+    /// measured; counted as `selective`). Measured with eager attention: a flash kernel
+    /// saving the values as the same view would keep the output without recomputation
+    /// too, which is not counted.
     fn qkv_view(&self) -> f64 {
         let (s, c) = (self.spec, &self.c);
         if c.recompute != Recompute::CoreAttn || self.hf || s.is_mla() || s.learned_positions > 0 {
@@ -287,13 +289,8 @@ impl<'a> Activations<'a> {
         let experts = s.num_experts as f64;
         // In f64, as the parameter counts are: the u64 product can overflow.
         let shared = self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64);
-        let groups = if s.router_groups > 1 {
-            16.0 * s.router_groups as f64 + 8.0 * s.router_group_top_k as f64
-        } else {
-            0.0
-        };
         if !self.hf {
-            return (self.fused_moe(input, groups, shared), 0.0);
+            return (self.fused_moe(input, shared), 0.0);
         }
         let (router, router_weight) = if s.router_bias {
             // Sigmoid router in fp32 (DeepSeek-V3): an fp32 copy of the input (and of the
@@ -307,6 +304,11 @@ impl<'a> Activations<'a> {
             };
             // Group-limited routing keeps the int64 indices of each group's top two scores
             // and of the chosen groups.
+            let groups = if s.router_groups > 1 {
+                16.0 * s.router_groups as f64 + 8.0 * s.router_group_top_k as f64
+            } else {
+                0.0
+            };
             (
                 input_copy + 5.0 * experts + 12.0 * k + 4.0 + groups,
                 weight_copy,
@@ -329,21 +331,28 @@ impl<'a> Activations<'a> {
     /// the router's input, the router's tensors, per routed copy the gathered input, the
     /// expert's inner activations, its routing weight and one int64 index of the sort by
     /// expert; the routing weight is applied inside the activation function, so the
-    /// expert's output is not kept. `groups` is what group-limited routing keeps.
-    fn fused_moe(&self, input: f64, groups: f64, shared: f64) -> f64 {
+    /// expert's output is not kept.
+    fn fused_moe(&self, input: f64, shared: f64) -> f64 {
         let (s, c) = (self.spec, &self.c);
         let (e, h) = (c.e, s.hidden_size as f64);
         let k = s.top_k as f64;
         let experts = s.num_experts as f64;
         // Both routers keep the int64 top-k indices, a byte mask of each token's experts
-        // and its probabilities over the experts in the activation dtype.
-        let common = 8.0 * k + experts + e * experts;
+        // and its probabilities over the experts in the activation dtype. Group-limited
+        // routing adds the int64 indices of each group's top `k / group_top_k` scores and
+        // of the chosen groups, and a byte mask over the experts.
+        let groups = if s.router_groups > 1 {
+            let top = s.router_group_top_k.max(1) as f64;
+            8.0 * s.router_groups as f64 * (k / top).floor() + 8.0 * top + experts
+        } else {
+            0.0
+        };
+        let common = 8.0 * k + experts + e * experts + groups;
         let router = if s.router_bias {
             // Sigmoid scores in fp32 and their cast back, the normalizer and the chosen
-            // weights; group-limited routing a byte mask over the experts as well.
+            // weights.
             let cast = if e < 4.0 { e * experts } else { 0.0 };
-            let group_mask = if groups > 0.0 { experts } else { 0.0 };
-            common + 4.0 * experts + cast + e + e * k + groups + group_mask
+            common + 4.0 * experts + cast + e + e * k
         } else {
             // Softmax over the top-k scores, in fp32.
             common + 4.0 * k
