@@ -101,11 +101,18 @@ def test_ctrl_c_stops_cleanly_without_a_traceback(tmp_path: Path) -> None:
 
     fifo = tmp_path / "lengths.txt"
     os.mkfifo(fifo)  # reading blocks until a writer appears: a stand-in for a huge file
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tokenbatch.cli", "pack", str(fifo)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A shell starts background jobs with SIGINT ignored, a child inherits that, and
+    # Python then never turns it into KeyboardInterrupt: start the command with SIGINT
+    # handled here, which a child gets back as the default, as from a terminal.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tokenbatch.cli", "pack", str(fifo)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     # A non-blocking open for writing succeeds only once the reader has the FIFO open:
     # then the command is past start-up and waiting for data.
     deadline = time.monotonic() + 60
