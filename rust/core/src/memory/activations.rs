@@ -51,9 +51,12 @@
 //! log-sum-exp or probabilities; `o_proj` keeps its own input. The two modes differ in
 //! the rest of the layer:
 //!
-//! * `selective` (`fused`) also recomputes the MLP activation functions, keeping only
-//!   the inputs of the linear layers: Megatron-Core with `moe_act` for grouped-GEMM
-//!   experts, and the same for a dense MLP's activation.
+//! * `selective` (`fused`) also recomputes the MLP activation functions: the MLP keeps
+//!   its input, gate and up, and rebuilds the activation and the product the second
+//!   projection reads, in experts (as Megatron-Core's `moe_act` does for grouped-GEMM
+//!   experts) and dense MLPs alike; q, k and v are separate tensors. Megatron-Core's
+//!   `["core_attn", "moe_act"]` keeps more: the fused QKV output, as `core_attn` does,
+//!   and a dense MLP's activation.
 //! * `core_attn` is Megatron-Core's default (`recompute_modules=["core_attn"]`), as
 //!   measured in tests/test_memory_megatron_core.py: the MLP keeps all its tensors, and
 //!   with rotary positions the checkpoint's values are a view of the fused QKV output,
