@@ -59,6 +59,17 @@ def test_grid_one_million_scattered(benchmark: Any) -> None:
     assert grid.valid.any()
 
 
+def test_grid_one_million_scattered_int32(benchmark: Any) -> None:
+    # The same list with its integer columns in int32, read in place like int64 ones.
+    params = {
+        name: values.astype(np.int32) if values.dtype == np.int64 else values
+        for name, values in _scattered_params(1_013_760).items()
+    }
+    grid = benchmark(estimate_memory_grid, SPEC, **params)
+    assert grid.shape == (1_013_760,)
+    assert grid.valid.any()
+
+
 def test_python_loop_thousand(benchmark: Any) -> None:
     layouts = [
         {"seq_len": 4096 * (1 + i % 4), "dp": 8, "tp": 8, "pp": 1 + i % 2, "zero": i % 4}

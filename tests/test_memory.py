@@ -328,13 +328,33 @@ def test_long_columns_of_any_number_dtype_give_the_same_grid() -> None:
             fused_swiglu=flags[::-1].astype(dtype),
             fp8=flags[::-1].astype(dtype),
         )
-        for dtype in (bool, np.int64, np.uint8, np.float64)
+        for dtype in (bool, np.int64, np.int32, np.uint8, np.float64)
     ]
     for grid in grids[1:]:
         assert np.array_equal(grid.total, grids[0].total)
         assert np.array_equal(grid.field("act_norm"), grids[0].field("act_norm"))
     assert grids[0].valid.all()
     assert len(np.unique(grids[0].total)) > 8
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_long_integer_columns_are_read_in_place_and_checked(dtype: Any) -> None:
+    from tokenbatch.memory.estimate import _numeric
+
+    rng = np.random.default_rng(4)
+    cells = 6000
+    dp = rng.choice([1, 2, 8], cells).astype(dtype)
+    zero = rng.integers(0, 4, cells).astype(dtype)
+    dp[[5, 17]] = [-1, 0]
+    zero[[9, 33]] = [4, -2]
+    assert np.shares_memory(_numeric("dp", dp), dp)
+    grid = estimate_memory_grid(LLAMA_8B, seq_len=4096, dp=dp, zero=zero)
+    as_floats = estimate_memory_grid(
+        LLAMA_8B, seq_len=4096, dp=dp.astype(np.float64), zero=zero.astype(np.float64)
+    )
+    assert np.flatnonzero(~grid.valid).tolist() == [5, 9, 17, 33]
+    assert np.array_equal(grid.reason_code, as_floats.reason_code)
+    assert np.array_equal(grid.total[grid.valid], as_floats.total[grid.valid])
 
 
 def test_huge_pipeline_degrees_are_invalid_not_a_crash() -> None:

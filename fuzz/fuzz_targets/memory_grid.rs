@@ -92,6 +92,8 @@ struct Field {
     wrong_rank: bool,
     /// Pass the values as int64 (saturated), as numpy integer inputs arrive.
     integers: bool,
+    /// With `integers`, as int32 (saturated) instead.
+    narrow: bool,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -104,8 +106,14 @@ struct Case {
     missing_input: bool,
 }
 
-/// One input's values as float64 (and as int64 when passed so) and its strides.
-type Buffers = (Vec<f64>, Option<Vec<i64>>, Vec<usize>);
+/// One input's values as float64 (and as int64 or int32 when passed so) and its strides.
+type Buffers = (Vec<f64>, Option<Integers>, Vec<usize>);
+
+/// Values passed as integers.
+enum Integers {
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+}
 
 fuzz_target!(|case: Case| {
     let spec = case.spec.build();
@@ -130,9 +138,11 @@ fuzz_target!(|case: Case| {
                     Value::Any(x) => x,
                 })
                 .collect();
-            let integers = field
-                .integers
-                .then(|| values.iter().map(|&x| x as i64).collect());
+            let integers = match (field.integers, field.narrow) {
+                (false, _) => None,
+                (true, false) => Some(Integers::I64(values.iter().map(|&x| x as i64).collect())),
+                (true, true) => Some(Integers::I32(values.iter().map(|&x| x as i32).collect())),
+            };
             let rank = shape.len() + usize::from(field.wrong_rank);
             let strides = (0..rank)
                 .map(
@@ -150,7 +160,11 @@ fuzz_target!(|case: Case| {
     let inputs: Vec<GridInput<'_>> = fields[..count]
         .iter()
         .map(|(floats, integers, strides)| GridInput {
-            data: integers.as_deref().map_or(Values::F64(floats), Values::I64),
+            data: match integers {
+                None => Values::F64(floats),
+                Some(Integers::I64(values)) => Values::I64(values),
+                Some(Integers::I32(values)) => Values::I32(values),
+            },
             strides,
         })
         .collect();

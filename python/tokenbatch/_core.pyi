@@ -300,7 +300,13 @@ def memory_grid(
     spec: Mapping[str, object],
     shape: list[int],
     inputs: list[
-        tuple[npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.bool_], list[int]]
+        tuple[
+            npt.NDArray[np.float64]
+            | npt.NDArray[np.int64]
+            | npt.NDArray[np.int32]
+            | npt.NDArray[np.bool_],
+            list[int],
+        ]
         | tuple[npt.NDArray[np.uint32], list[int], list[str], list[float]]
     ],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...

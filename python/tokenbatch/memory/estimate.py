@@ -33,8 +33,10 @@ __all__ = [
 ]
 
 _F64 = npt.NDArray[np.float64]
-# What the grid reads in place: float64, int64 or bool.
-_Numbers = npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.bool_]
+# What the grid reads in place: float64, int64, int32 or bool.
+_Numbers = (
+    npt.NDArray[np.float64] | npt.NDArray[np.int64] | npt.NDArray[np.int32] | npt.NDArray[np.bool_]
+)
 
 LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES, _OVERFLOW_REASON = _core.memory_fields()
 
@@ -200,21 +202,23 @@ def _choice(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     return _lookup(name, value, table, strict=strict)
 
 
-# Integer and boolean arrays at least this long are handed to the core as int64 or bool
+# Integer and boolean arrays at least this long are handed to the core as int64, int32 or bool
 # and read in place; shorter ones (scalars, a grid's axes) as float64, whose extraction is
 # cheaper.
 _INTEGER_COLUMN = 4096
 
 
 def _numeric(name: str, value: Any) -> _Numbers:
-    """A number or an array of numbers as the grid reads them, in place: contiguous bool
-    or int64 (long boolean or integer columns) or float64 (other dtypes are converted
-    once)."""
+    """A number or an array of numbers as the grid reads them, in place: contiguous bool,
+    int32 or int64 (long boolean or integer columns; other integers as int64) or float64
+    (other dtypes are converted once)."""
     array = np.asarray(value)
     if array.dtype.kind == "b" and array.size >= _INTEGER_COLUMN:
         return np.ascontiguousarray(array)
     if array.dtype.kind in "iu" and array.size >= _INTEGER_COLUMN:
-        return np.ascontiguousarray(array, dtype=np.int64)
+        # int32 is read as it is, not copied to int64 first.
+        dtype = np.int32 if array.dtype == np.int32 else np.int64
+        return np.ascontiguousarray(array, dtype=dtype)
     if array.dtype.kind in "iub":
         return np.ascontiguousarray(array, dtype=np.float64)
     if array.dtype.kind != "f":

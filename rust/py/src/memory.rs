@@ -137,11 +137,12 @@ fn memory_pipeline_layers(
 /// A grid's values table and reason codes.
 type GridArrays<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u8>>);
 
-/// A grid input's values: float64, int64 or bool, read in place.
+/// A grid input's values: float64, int64, int32 or bool, read in place.
 #[derive(FromPyObject)]
 enum NumberArray<'py> {
     F64(PyReadonlyArray1<'py, f64>),
     I64(PyReadonlyArray1<'py, i64>),
+    I32(PyReadonlyArray1<'py, i32>),
     Bool(PyReadonlyArray1<'py, bool>),
 }
 
@@ -188,6 +189,9 @@ fn memory_grid<'py>(
                     }
                     (GridColumn::Numbers(NumberArray::I64(array), strides), _) => {
                         (Values::I64(as_slice(array)?), strides)
+                    }
+                    (GridColumn::Numbers(NumberArray::I32(array), strides), _) => {
+                        (Values::I32(as_slice(array)?), strides)
                     }
                     (GridColumn::Numbers(NumberArray::Bool(array), strides), _) => {
                         (Values::Bool(as_slice(array)?), strides)

@@ -19,13 +19,15 @@ use crate::memory::layout::{Invalid, Layout, INVALID_REASONS, LAYOUT_FIELDS, N_L
 use crate::memory::names::NameTable;
 use crate::memory::spec::ModelSpec;
 
-/// The values of one input, as the caller has them: floats, or integers, booleans or
-/// names read as floats where a cell needs them (a list of a million configurations is
-/// mostly integer, boolean and string columns, which are then never copied).
+/// The values of one input, as the caller has them: floats, or integers (64- or 32-bit),
+/// booleans or names read as floats where a cell needs them (a list of a million
+/// configurations is mostly integer, boolean and string columns, which are then never
+/// copied).
 #[derive(Debug, Clone, Copy)]
 pub enum Values<'a> {
     F64(&'a [f64]),
     I64(&'a [i64]),
+    I32(&'a [i32]),
     Bool(&'a [bool]),
     /// Fixed-width strings (as numpy stores them), read as their codes in the table (NaN,
     /// an invalid value, for a string that names nothing).
@@ -37,6 +39,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => values.len(),
             Values::I64(values) => values.len(),
+            Values::I32(values) => values.len(),
             Values::Bool(values) => values.len(),
             Values::Names(text, names) => text.len() / names.width(),
         }
@@ -52,6 +55,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => values[index],
             Values::I64(values) => values[index] as f64,
+            Values::I32(values) => f64::from(values[index]),
             Values::Bool(values) => f64::from(u8::from(values[index])),
             Values::Names(text, names) => {
                 let width = names.width();
@@ -69,6 +73,11 @@ impl Values<'_> {
             Values::I64(values) => {
                 for (o, &x) in out.iter_mut().zip(&values[range]) {
                     *o = x as f64;
+                }
+            }
+            Values::I32(values) => {
+                for (o, &x) in out.iter_mut().zip(&values[range]) {
+                    *o = f64::from(x);
                 }
             }
             Values::Bool(values) => {
@@ -93,7 +102,7 @@ impl Values<'_> {
         ok: &mut [bool],
     ) {
         self.copy_to(first, out);
-        if let Values::I64(_) = self {
+        if let Values::I64(_) | Values::I32(_) = self {
             // Whole numbers: the rule is the range.
             let (low, high) = rule.range();
             clear_failing(out, ok, |x| (x >= low) & (x <= high));
@@ -119,6 +128,7 @@ impl Values<'_> {
         match self {
             Values::F64(values) => lines(values, first, n),
             Values::I64(values) => lines(values, first, n),
+            Values::I32(values) => lines(values, first, n),
             Values::Bool(values) => lines(values, first, n),
             Values::Names(..) => {}
         }
