@@ -404,9 +404,10 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
     let mut scalars = Layout::default();
     let mut scalars_ok = true;
     // Per column: its field, its rule, its values, and the word of the cell's list key it
-    // sets (`LIST_KEY_WORDS`, a word outside the key, for a column the terms do not depend
-    // on): cells of a list that agree on these columns agree on every field the terms
-    // depend on, since the others are scalars.
+    // sets (`LIST_KEY_WORDS` or more: none, for a column the terms do not depend on, and
+    // past the key's words when more columns than it holds vary): cells of a list that
+    // agree on these columns agree on every field the terms depend on, since the others
+    // are scalars.
     let mut columns_of: Vec<(usize, FieldRule, Values<'_>, usize)> = Vec::new();
     let mut key_words = 0;
     for (field, input) in inputs.iter().enumerate() {
@@ -421,7 +422,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
             } else {
                 LIST_KEY_WORDS
             };
-            columns_of.push((field, rule, input.data, word.min(LIST_KEY_WORDS)));
+            columns_of.push((field, rule, input.data, word));
         }
     }
     let list_key = key_words <= LIST_KEY_WORDS;
@@ -431,7 +432,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
         // by cell walk would switch kind, rule and field at every value.
         let mut layouts = [scalars; LIST_BATCH];
         let mut ok = [true; LIST_BATCH];
-        let mut keys = [[0u64; LIST_KEY_WORDS + 1]; LIST_BATCH];
+        let mut keys = [[0u64; LIST_KEY_WORDS]; LIST_BATCH];
         let mut values = [0.0f64; LIST_BATCH];
         for start in (0..reasons.len()).step_by(LIST_BATCH) {
             let n = LIST_BATCH.min(reasons.len() - start);
@@ -445,8 +446,10 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
                 let values = &mut values[..n];
                 data.copy_checked(first + start, values, rule, &mut ok[..n]);
                 Layout::set_all(&mut layouts[..n], field, values);
-                for (key, x) in keys[..n].iter_mut().zip(values.iter()) {
-                    key[word] = x.to_bits();
+                if word < LIST_KEY_WORDS {
+                    for (key, x) in keys[..n].iter_mut().zip(values.iter()) {
+                        key[word] = x.to_bits();
+                    }
                 }
             }
             for j in 0..n {
@@ -454,9 +457,7 @@ fn estimate_list(prepared: &Prepared, inputs: &[GridInput<'_>], table: &mut Grid
                 let estimate = if !ok[j] {
                     Err(first_bad_field(layout))
                 } else if list_key {
-                    let mut words = [0; LIST_KEY_WORDS];
-                    words.copy_from_slice(&keys[j][..LIST_KEY_WORDS]);
-                    estimator.estimate_list_cell(layout, words)
+                    estimator.estimate_list_cell(layout, keys[j])
                 } else {
                     estimator.estimate_checked_fields(layout)
                 };

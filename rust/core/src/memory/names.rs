@@ -160,7 +160,9 @@ impl NameTable {
             // larger than the caches).
             prefetch(row.as_ptr().wrapping_add(PREFETCH_AHEAD).cast());
             *code = match self.padded.get(picker.candidate(row)) {
-                Some((name, known)) if same_folded::<W>(name, row) => *known,
+                Some((name, known)) if same::<W>(name, row) || same_folded::<W>(name, row) => {
+                    *known
+                }
                 _ => f64::NAN,
             };
             if code.is_nan() && row.contains(&KELVIN_SIGN) {
@@ -182,6 +184,21 @@ impl NameTable {
                 }
             });
         }
+    }
+}
+
+/// Whether `row` is `name`, both `W` code points: most strings are written in lowercase,
+/// and comparing them as they are costs less than folding them first.
+#[inline(always)]
+fn same<const W: usize>(name: &[u32], row: &[u32]) -> bool {
+    match (<&[u32; W]>::try_from(name), <&[u32; W]>::try_from(row)) {
+        (Ok(name), Ok(row)) => {
+            name.iter()
+                .zip(row)
+                .fold(0, |differs, (&a, &b)| differs | (a ^ b))
+                == 0
+        }
+        _ => false,
     }
 }
 
