@@ -27,7 +27,8 @@ from tokenbatch import (
     plan,
 )
 from tokenbatch.cli import main
-from tokenbatch.memory import estimate_memory_stages
+from tokenbatch.memory import RECOMPUTE_MODES, RECOMPUTE_MODULES, estimate_memory_stages
+from tokenbatch.memory.recompute import recompute_name
 
 GIB = 1024**3
 LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
@@ -245,6 +246,40 @@ def test_grid_of_scattered_configurations_reads_any_number_dtype() -> None:
     reasons = set(grid.reasons()[~grid.valid].tolist())
     assert any("recompute" in r for r in reasons)
     assert "tp must divide num_heads" in reasons
+
+
+def test_recompute_names_megatron_core_modules_alone_or_joined() -> None:
+    # Megatron-Core's `recompute_modules`, joined with "+" in any order and case, name
+    # the same code alone, in string arrays (matched in the core), and as numbers.
+    mixtral = ModelSpec.preset("mixtral-8x7b").replace(implementation="fused")
+    sets = ["core_attn+mlp", "MLP+Core_Attn", "mlp+mlp+core_attn", "moe+layernorm", "layernorm"]
+    alone = [estimate_memory(mixtral, seq_len=4096, recompute=name) for name in sets]
+    assert alone[0].total == alone[1].total == alone[2].total
+    codes = [5, 5, 5, 14, 6]
+    assert [x.inputs["recompute"] for x in alone] == codes
+    assert alone[3].activations < alone[4].activations < alone[0].activations
+    for column in (np.array(sets), np.array(sets, dtype=object), np.array(codes)):
+        grid = estimate_memory_grid(mixtral, seq_len=4096, recompute=column)
+        assert grid.total.tolist() == [x.total for x in alone]
+    # Each module's name, every set's canonical name, and back.
+    for code in range(34):
+        name = recompute_name(code)
+        assert estimate_memory(mixtral, seq_len=4096, recompute=name).inputs["recompute"] == code
+    assert recompute_name(3) == "core_attn"
+    assert recompute_name(2 + 31) == "core_attn+mlp+layernorm+moe+shared_experts"
+    with pytest.raises(ValueError, match="no recompute mode has code 34"):
+        recompute_name(34)
+    # Bad names: a clear error alone, an invalid cell in a grid.
+    bad = ["mlp+", "+mlp", "mlp++moe", "mlp+full", "moe_act", "mlp + moe", ""]
+    for name in bad:
+        with pytest.raises(InvalidValueError, match=r"Megatron-Core modules .* joined with '\+'"):
+            estimate_memory(mixtral, seq_len=4096, recompute=name)
+    grid = estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([*bad, "moe"]))
+    assert grid.valid.tolist() == [False] * len(bad) + [True]
+    assert all("Megatron-Core modules" in reason for reason in grid.reasons()[:-1])
+    assert not estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([34])).valid[0]
+    assert list(RECOMPUTE_MODULES) == ["core_attn", "mlp", "layernorm", "moe", "shared_experts"]
+    assert RECOMPUTE_MODES == {"none": 0, "selective": 1, "full": 2}
 
 
 def test_named_options_in_grids_match_as_python_lowercases_them() -> None:
@@ -785,6 +820,16 @@ def test_cli_recompute_modes(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main([*plan_args, "llama-3.1-8b", "--recompute", "none,partial"])
     assert "unknown recomputation mode 'partial'" in capsys.readouterr().err
+    # Megatron-Core's modules, joined with "+", in both commands.
+    assert main(["memory", "llama-3.1-8b", "--recompute", "MLP+core_attn", *fused]) == 0
+    expected = estimate_memory(spec, seq_len=4096, recompute="core_attn+mlp")
+    assert json.loads(capsys.readouterr().out)["total"] == expected.total
+    assert main([*plan_args, "--recompute", "core_attn+mlp,full", "llama-3.1-8b", *fused]) == 0
+    modes = {layout["recompute"] for layout in json.loads(capsys.readouterr().out)}
+    assert modes == {"core_attn+mlp", "full"}
+    with pytest.raises(SystemExit):
+        main(["memory", "llama-3.1-8b", "--recompute", "mlp+moe_act"])
+    assert "unknown recomputation mode 'mlp+moe_act'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -850,7 +895,9 @@ layouts = st.fixed_dictionaries(
         "pp": st.sampled_from([1, 2, 4, 3]),
         "cp": st.sampled_from([1, 2]),
         "zero": st.integers(0, 3),
-        "recompute": st.sampled_from(["none", "selective", "full", "core_attn"]),
+        "recompute": st.sampled_from(
+            ["none", "selective", "full", "core_attn", "core_attn+mlp", "moe+layernorm"]
+        ),
         "sequence_parallel": st.booleans(),
         "activation_model": st.sampled_from(["modern", "korthikanti"]),
     }

@@ -8,24 +8,33 @@ Megatron-Core's ``SequentialMLP``), each train for one step under
 :func:`tokenbatch.profile` (bytes saved for backward, deduplicated by storage, parameters
 excluded) without recomputation, with Megatron-Core's default selective recomputation
 (``recompute_granularity="selective"``, ``recompute_modules=["core_attn"]``, estimated as
-``recompute="core_attn"``) and with full recomputation. It is cast to bf16 as Megatron's
+``recompute="core_attn"``), with its other modules (``mlp``, ``layernorm``, ``moe``,
+``shared_experts``, alone and together: ``recompute="core_attn+mlp+layernorm"``) and with
+full recomputation. It is cast to bf16 as Megatron's
 ``Float16Module`` does, uses the fused SwiGLU (``bias_activation_fusion``) and a softmax
 that keeps its bf16 output only (``attention_softmax_in_fp32=False``, what the fused
 softmax kernels save). The local spec is not Transformer Engine, so the measurement is the
 estimate plus the tensors that the local modules keep and the fused ones do not, each
 named in :func:`local_spec_extra`; the test requires that sum to the byte.
 
-Megatron-Core runs on CPU here with five substitutions, for device placement, RNG
-bookkeeping (no dropout runs), CUDA streams and a missing optional dependency:
+The local spec runs every norm as a module of its own, where Transformer Engine's layer
+(which ``fused`` follows) fuses the input norm into the QKV projection and a dense layer's
+pre-MLP norm into the MLP: the local spec's ``layernorm`` recomputes norms that Transformer
+Engine's does not, and its ``mlp`` leaves the norm outside; :func:`_layer_norms_extra`
+counts both.
+
+Megatron-Core runs on CPU here with six substitutions, for device placement, RNG
+bookkeeping (no dropout runs), CUDA streams and missing optional dependencies:
 ``torch.cuda.current_device()`` (called for buffers, rotary frequencies) returns
 ``"cpu"``, the CUDA RNG state functions of ``megatron.core.tensor_parallel.random`` use the
 CPU generator, the RNG tracker's states are set from it (``model_parallel_cuda_manual_seed``
 calls ``torch.cuda``), the all-to-all dispatcher's side stream for its host copies of the
-token counts is the host itself (a stream whose events are always complete), and the
-router's matmul finds Transformer Engine's GEMM absent
-(``moe_utils`` refers to ``te_general_gemm`` without defining it when Transformer Engine is
-not installed). The causal mask is passed explicitly (its default is built with
-``device="cuda"``).
+token counts is the host itself (a stream whose events are always complete), the router's
+matmul finds Transformer Engine's GEMM absent (``moe_utils`` refers to ``te_general_gemm``
+without defining it when Transformer Engine is not installed), and the norms'
+output-discarding checkpoint finds FP8 off (it asks Transformer Engine's FP8 state, which
+is undefined without it, whatever the ``fp8`` option). The causal mask is passed
+explicitly (its default is built with ``device="cuda"``).
 """
 
 from __future__ import annotations
@@ -56,7 +65,19 @@ with warnings.catch_warnings():
 H, L, A, G, D, F, V, B, S = 128, 2, 4, 2, 32, 352, 256, 2, 64
 E = 2  # bf16
 TOKENS = B * S
-RECOMPUTE = ("none", "core_attn", "full")
+# No, full, and Megatron-Core's selective recomputation of the modules named (its
+# default, core_attn, alone, and the others alone or together).
+RECOMPUTE = (
+    "none",
+    "core_attn",
+    "full",
+    "mlp",
+    "layernorm",
+    "core_attn+mlp+layernorm",
+    "moe",
+    "moe+layernorm",
+    "shared_experts",
+)
 # The width of each expert (routed and shared).
 MF = 96
 
@@ -129,6 +150,18 @@ class _HostStream:
         pass
 
 
+class _NoFp8:
+    """Transformer Engine's FP8 state where Transformer Engine is absent: FP8 is off."""
+
+    @staticmethod
+    def is_fp8_enabled() -> bool:
+        return False
+
+    @staticmethod
+    def get_fp8_recipe() -> None:
+        return None
+
+
 @pytest.fixture(scope="module")
 def megatron_on_cpu() -> Iterator[None]:
     """One-process model parallelism (gloo, world size 1) with Megatron's CUDA-only
@@ -145,6 +178,12 @@ def megatron_on_cpu() -> Iterator[None]:
     patch.setattr(torch.cuda, "current_stream", lambda *a, **k: host)
     patch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     patch.setattr(token_dispatcher.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", None)
+    # The norms' output-discarding checkpoint asks Transformer Engine whether FP8 is on.
+    patch.setattr(megatron_random, "FP8GlobalStateManager", _NoFp8, raising=False)
+    for context in ("activation_recompute_forward", "fp8_autocast"):
+        patch.setattr(
+            megatron_random, context, lambda **options: contextlib.nullcontext(), raising=False
+        )
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
@@ -173,8 +212,12 @@ def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
             "moe_router_load_balancing_type": "none",
             "moe_aux_loss_coeff": 0.0,
         }
-    if recompute == "core_attn":
-        options |= {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+    if recompute not in ("none", "full"):
+        # Megatron-Core's selective recomputation of the modules named.
+        options |= {
+            "recompute_granularity": "selective",
+            "recompute_modules": recompute.split("+"),
+        }
     elif recompute == "full":
         options |= {
             "recompute_granularity": "full",
@@ -251,7 +294,7 @@ def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
     return measured, estimate
 
 
-def local_spec_extra(recompute: str) -> dict[str, int]:
+def local_spec_extra(recompute: str, model_name: str = "dense") -> dict[str, int]:
     """What the local spec's modules keep beyond the fused ones the estimate assumes."""
     # torch.nn.RMSNorm keeps an fp32 copy of its input, fp32 1/rms and the fp32
     # normalized input (8h + 4 per token); Transformer Engine's keeps the input and
@@ -263,16 +306,45 @@ def local_spec_extra(recompute: str) -> dict[str, int]:
         # Only the final norm runs outside a checkpoint; the checkpoints keep the fp32
         # rotary frequencies (one tensor for all layers).
         return {"norm": per_norm, "rotary": S * D * 4, "masks": mask + loss_mask}
+    modules = set(recompute.split("+")) - {"none"}
+    options = MODELS[model_name][0]
     extra = {
-        "norm": (2 * L + 1) * per_norm,
+        "norm": per_norm + L * _layer_norms_extra(modules, moe="num_moe_experts" in options),
         # cos and sin, cast to bf16 for queries and for keys, in every layer.
         "rotary": L * 4 * S * D * E,
         "masks": mask + loss_mask,
     }
-    if recompute == "core_attn":
-        # An int32 scalar per checkpoint (the fused QKV output its values keep alive, and
-        # the MLP's product, are in the estimate).
+    if "core_attn" in modules:
+        # An int32 scalar per checkpoint of the attention core (what the checkpoints keep
+        # is in the estimate: the fused QKV output the core's values keep alive; the other
+        # modules' checkpoints keep their inputs, also in the estimate).
         extra["checkpoint"] = L * 4
+    return extra
+
+
+def _layer_norms_extra(modules: set[str], *, moe: bool) -> int:
+    """The local spec's two norms of one layer against Transformer Engine's.
+
+    The local spec runs every norm as a module of its own; Transformer Engine fuses the
+    input norm into the QKV projection and, in a dense layer, the pre-MLP norm into the
+    first MLP projection. Where both run a norm alone, or both recompute it, the local one
+    keeps more (``per_norm`` above) or the same; where only the local spec recomputes it
+    (``layernorm``), it keeps its input instead of Transformer Engine's input, statistic
+    and output (the next projection's input): ``e h + 4`` less. A dense MLP recomputed
+    (``mlp``) takes Transformer Engine's fused norm into its checkpoint, not the local one.
+    """
+    extra = 0
+    for pre_mlp in (False, True):
+        fused_in_te = not (pre_mlp and moe)
+        in_te_mlp_checkpoint = pre_mlp and not moe and "mlp" in modules
+        if "layernorm" in modules:
+            if in_te_mlp_checkpoint or not fused_in_te:
+                continue  # both keep the norm's input only
+            extra -= TOKENS * (E * H + 4)
+        elif in_te_mlp_checkpoint:
+            extra += TOKENS * (8 * H + 4)  # the whole local norm
+        else:
+            extra += TOKENS * (8 - E) * H
     return extra
 
 
@@ -287,7 +359,7 @@ def test_fused_estimate_against_megatron_core(
         estimate.grads,
         estimate.optimizer,
     )
-    extra = local_spec_extra(recompute)
+    extra = local_spec_extra(recompute, model_name)
     assert measured.activations == estimate.saved_activations + sum(extra.values()), extra
 
 
@@ -301,7 +373,7 @@ def table() -> str:
     for model_name in MODELS:
         for recompute in RECOMPUTE:
             measured, estimate = measure(recompute, model_name)
-            extra = sum(local_spec_extra(recompute).values())
+            extra = sum(local_spec_extra(recompute, model_name).values())
             left = measured.activations - estimate.saved_activations - extra
             rows.append(
                 f"| {model_name} | {recompute} | {measured.activations / 1024:,.1f} | "

@@ -182,8 +182,21 @@ def test_recompute_names_the_modes_the_planner_considers() -> None:
         assert layout.memory > selective[key].memory
         assert layout.step_time == selective[key].step_time
         assert estimate_memory(spec, seq_len=8192, **layout.layout()).total == layout.memory
-    with pytest.raises(InvalidValueError, match="recompute must name modes among"):
+    # Megatron-Core's modules in sets, named in any order and case: `mlp` recomputed
+    # too keeps less and costs the MLP's forward pass again.
+    with_mlp = by_layout(plan(spec, recompute="MLP+core_attn", **kwargs))
+    assert set(core_attn) <= set(with_mlp)
+    for key, layout in core_attn.items():
+        assert with_mlp[key].recompute == "core_attn+mlp"
+        assert with_mlp[key].memory < layout.memory
+        assert with_mlp[key].step_time > layout.step_time
+        assert estimate_memory(spec, seq_len=8192, **with_mlp[key].layout()).total == (
+            with_mlp[key].memory
+        )
+    with pytest.raises(InvalidValueError, match="recompute modes must be none, selective, full"):
         plan(spec, recompute=["none", "selctive"], **kwargs)
+    with pytest.raises(InvalidValueError, match=r"joined with '\+', got 'mlp\+'"):
+        plan(spec, recompute="mlp+", **kwargs)
     with pytest.raises(InvalidValueError, match="at least one mode"):
         plan(spec, recompute=[], **kwargs)
     with pytest.raises(InvalidTypeError, match="recompute modes must be strings"):

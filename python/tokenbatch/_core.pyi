@@ -296,6 +296,10 @@ def memory_pipeline_layers(
 def memory_layer_params(
     spec: Mapping[str, object],
 ) -> tuple[list[float], list[float], list[float], float, float]: ...
+
+#: Names made of parts: separator, part names, their bits, the code of the empty set.
+_NameSets = tuple[str, list[str], list[int], float]
+
 def memory_grid(
     spec: Mapping[str, object],
     shape: list[int],
@@ -307,12 +311,12 @@ def memory_grid(
             | npt.NDArray[np.bool_],
             list[int],
         ]
-        | tuple[npt.NDArray[np.uint32], list[int], list[str], list[float]]
+        | tuple[npt.NDArray[np.uint32], list[int], list[str], list[float], _NameSets | None]
     ],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
 def memory_fields() -> tuple[list[str], list[str], list[str], int]: ...
 def memory_name_codes(
-    text: npt.NDArray[np.uint32], names: list[str], codes: list[float]
+    text: npt.NDArray[np.uint32], names: list[str], codes: list[float], sets: _NameSets | None
 ) -> npt.NDArray[np.float64]: ...
 def memory_stages(
     spec: Mapping[str, object], layout: Sequence[float]

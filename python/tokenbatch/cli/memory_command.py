@@ -31,6 +31,7 @@ from tokenbatch.memory.estimate import (
 )
 from tokenbatch.memory.hardware import HARDWARE
 from tokenbatch.memory.planner import _DEFAULT_RECOMPUTE, plan
+from tokenbatch.memory.recompute import RECOMPUTE_MODULES
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 
@@ -103,11 +104,13 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--sequence-parallel", action="store_true")
     memory.add_argument(
         "--recompute",
-        choices=list(_RECOMPUTE),
+        type=_recompute_mode,
         default="none",
+        metavar="MODE",
         help="none (default); selective: the attention core and, with --implementation "
-        "fused, the MLP activations; core_attn: the attention core only (Megatron-Core's "
-        "default selective; the same as selective with hf); full",
+        "fused, the MLP activations; full; or Megatron-Core's recompute_modules joined with "
+        f"'+' ({', '.join(RECOMPUTE_MODULES)}; core_attn alone is Megatron-Core's default "
+        "selective, the same as selective with hf)",
     )
     memory.add_argument(
         "--pipeline-split",
@@ -180,22 +183,26 @@ def register(subparsers: Any) -> None:
         type=_recompute_modes,
         default=list(_DEFAULT_RECOMPUTE),
         metavar="MODE[,MODE...]",
-        help=f"recomputation modes to consider, comma-separated, among {', '.join(_RECOMPUTE)} "
+        help="recomputation modes to consider, comma-separated: as --recompute of memory "
         f"(default: {','.join(_DEFAULT_RECOMPUTE)})",
     )
     planner.add_argument("--top", type=count(), default=10, help="layouts to list")
     planner.set_defaults(handler=run_plan)
 
 
+def _recompute_mode(text: str) -> str:
+    """One ``--recompute`` mode: a name of :data:`_RECOMPUTE`, in any case."""
+    mode = text.strip().lower()
+    if mode not in _RECOMPUTE:
+        raise argparse.ArgumentTypeError(
+            f"unknown recomputation mode {text.strip()!r}: choose {_RECOMPUTE.choices}"
+        )
+    return mode
+
+
 def _recompute_modes(text: str) -> list[str]:
     """``--recompute`` of ``plan``: comma-separated mode names."""
-    modes = [mode.strip().lower() for mode in text.split(",")]
-    unknown = [mode for mode in modes if mode not in _RECOMPUTE]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown recomputation mode {unknown[0]!r}: choose among {', '.join(_RECOMPUTE)}"
-        )
-    return modes
+    return [_recompute_mode(mode) for mode in text.split(",")]
 
 
 def add_gpu_memory(

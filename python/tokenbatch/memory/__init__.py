@@ -15,6 +15,7 @@ from tokenbatch.memory.estimate import (
 from tokenbatch.memory.hardware import HARDWARE, Hardware
 from tokenbatch.memory.planner import PlannedLayout, plan
 from tokenbatch.memory.profiling import ProfileResult, master_weight_adamw, profile
+from tokenbatch.memory.recompute import RECOMPUTE_MODES, RECOMPUTE_MODULES
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 __all__ = [
@@ -22,6 +23,8 @@ __all__ = [
     "HARDWARE",
     "OPTIMIZER_STATES",
     "PRESETS",
+    "RECOMPUTE_MODES",
+    "RECOMPUTE_MODULES",
     "Hardware",
     "MemoryEstimate",
     "MemoryGrid",

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
+from tokenbatch.memory.recompute import RecomputeNames
 from tokenbatch.memory.spec import ModelSpec
 
 __all__ = [
@@ -63,7 +64,7 @@ OPTIMIZER_STATES: dict[str, int] = {
     "sgd_no_momentum": 0,
 }
 
-_RECOMPUTE = {"none": 0, "selective": 1, "full": 2, "core_attn": 3}
+_RECOMPUTE = RecomputeNames()
 _ACTIVATION_MODEL = {"modern": 0, "korthikanti": 1}
 _ATTENTION = {"flash": 0, "eager": 1}
 _CP_COMM = {"p2p": 0, "all_gather": 1, "a2a": 2}
@@ -134,20 +135,17 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     array = np.asarray(value)
     if array.dtype.kind not in _TEXT_KINDS:
         return _numeric(name, array)
+    choices = getattr(table, "choices", None) or ", ".join(sorted(set(table)))
     if array.ndim == 0:
         code = table.get(str(array.astype(str).item()).lower(), math.nan)
         if strict and math.isnan(code):
-            raise InvalidValueError(
-                f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
-            )
+            raise InvalidValueError(f"{name} must be one of {choices}, got {value!r}")
         return np.asarray(code, dtype=np.float64)
     column = _NameColumn(_text(array), table)
     codes: _F64 = _core.memory_name_codes(column.code_points(), *column.names_and_codes())
     codes = codes.reshape(array.shape)
     if strict and np.isnan(codes).any():
-        raise InvalidValueError(
-            f"{name} must be one of {', '.join(sorted(set(table)))}, got {value!r}"
-        )
+        raise InvalidValueError(f"{name} must be one of {choices}, got {value!r}")
     return codes
 
 
@@ -181,8 +179,13 @@ class _NameColumn:
         rows: npt.NDArray[np.uint32] = self.text.reshape(-1).view(np.uint32)
         return rows.reshape(self.text.size, width)
 
-    def names_and_codes(self) -> tuple[list[str], list[float]]:
-        return list(self.table), [float(code) for code in self.table.values()]
+    def names_and_codes(
+        self,
+    ) -> tuple[list[str], list[float], tuple[str, list[str], list[int], float] | None]:
+        """The names, their codes, and the names made of parts (``recompute``'s sets of
+        modules) for the core's matcher."""
+        sets = self.table.sets if isinstance(self.table, RecomputeNames) else None
+        return list(self.table), [float(code) for code in self.table.values()], sets
 
 
 #: A field of the grid: numbers, or the names of a named option.
@@ -438,8 +441,10 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     ``vpp=1`` (virtual pipeline chunks, interleaved 1F1B when > 1), ``zero=0`` (0-3; 3 is
     FSDP), ``sequence_parallel=False``, ``recompute="none"`` (``"selective"``: the
     attention core and, with ``implementation="fused"``, the MLP activation functions;
-    ``"core_attn"``: the attention core only, Megatron-Core's default selective
-    recomputation, the same as ``"selective"`` for ``"hf"``; ``"full"``),
+    ``"full"``; or Megatron-Core's ``recompute_modules`` joined with ``"+"`` in any order:
+    ``"core_attn"``, the attention core only, its default selective recomputation and the
+    same as ``"selective"`` for ``"hf"``, ``"mlp"``, ``"layernorm"``, ``"moe"``,
+    ``"shared_experts"``, e.g. ``"core_attn+mlp"``; see :data:`RECOMPUTE_MODULES`),
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
     ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``
     (``"fp8"``: FP8 weights), ``grad_dtype`` (default: ``param_dtype``, bf16 for FP8

@@ -33,6 +33,7 @@ from tokenbatch.memory.estimate import (
     scalar_inputs,
 )
 from tokenbatch.memory.hardware import Hardware, positive_number
+from tokenbatch.memory.recompute import recompute_name
 from tokenbatch.memory.spec import ModelSpec
 from tokenbatch.memory.steptime import TIME_PARTS, step_time
 
@@ -41,7 +42,6 @@ __all__ = ["PlannedLayout", "plan"]
 _F64 = npt.NDArray[np.float64]
 # The recomputation modes `plan` considers unless told otherwise.
 _DEFAULT_RECOMPUTE = ("none", "selective", "full")
-_RECOMPUTE_NAMES = {code: name for name, code in _RECOMPUTE.items()}
 _MAX_CP = 32
 _MAX_MICRO_BATCH = 64
 _VPP = (1, 2, 4, 8)
@@ -229,9 +229,7 @@ def _recompute_codes(modes: str | Sequence[str]) -> tuple[int, ...]:
             raise InvalidTypeError(f"recompute modes must be strings, got {name!r}")
         code = _RECOMPUTE.get(name.lower())
         if code is None:
-            raise InvalidValueError(
-                f"recompute must name modes among {', '.join(_RECOMPUTE)}, got {name!r}"
-            )
+            raise InvalidValueError(f"recompute modes must be {_RECOMPUTE.choices}, got {name!r}")
         if code not in codes:
             codes.append(code)
     if not codes:
@@ -332,9 +330,10 @@ def plan(
     matmuls reach; ``overlap_ep_comm`` hides expert-parallel all-to-alls behind other
     micro-batches' compute (DualPipe-style schedules) and ``deduplicated_dispatch`` sends
     a token once per remote node (DeepEP-style dispatch). ``recompute`` names the
-    recomputation modes to consider (one name or several; ``"core_attn"``, Megatron-Core's
-    default selective mode, is not among the defaults: it costs the time of
-    ``"selective"`` and keeps at least as much). ``options`` go to the memory
+    recomputation modes to consider (one name or several, as :func:`estimate_memory`'s
+    ``recompute`` takes them; Megatron-Core's modules, such as its default selective mode
+    ``"core_attn"`` or ``"core_attn+mlp"``, are not among the defaults: ``"core_attn"``
+    costs the time of ``"selective"`` and keeps at least as much). ``options`` go to the memory
     estimate (dtypes, ``fp8``, optimizer, ``activation_model``...). With ``distinct``
     (default) each parallel layout (``dp``, ``tp``, ``pp``, ``cp``, ``ep``) appears once,
     with its fastest ZeRO stage, recomputation, interleaving and micro-batch size; with
@@ -451,7 +450,7 @@ def plan(
                 cp=int(cols["cp"][i]),
                 ep=int(cols["ep"][i]),
                 zero=int(cols["zero"][i]),
-                recompute=_RECOMPUTE_NAMES[int(cols["recompute"][i])],
+                recompute=recompute_name(int(cols["recompute"][i])),
                 micro_batch=int(cols["micro_batch"][i]),
                 grad_accum_steps=int(cols["grad_accum_steps"][i]),
                 memory=int(memory[i]),

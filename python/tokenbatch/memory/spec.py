@@ -69,7 +69,9 @@ class ModelSpec:
     attention function does), ``"fused"`` for fused kernels as in Megatron-Core with
     Transformer Engine (norms keep only their input and fp32 statistics;
     ``recompute="selective"`` also rebuilds the MLP activation, ``"core_attn"`` is
-    Megatron-Core's default, which does not). docs/memory.md lists each tensor.
+    Megatron-Core's default, which does not; its other modules as Transformer Engine's
+    layer runs them, which fuses a dense layer's norms into the next projections).
+    docs/memory.md lists each tensor.
 
     Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
     ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`

@@ -14,7 +14,10 @@ on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`), noth
 * **Attention core**: causal attention over the whole sequence, ``s a (dq + dv)`` FLOPs per
   token forward and twice that backward, at the BF16 peak times ``efficiency``.
 * **Recomputation**: full recomputation repeats each layer's forward pass, selective the
-  attention core's forward.
+  attention core's forward; Megatron-Core's modules the forward of each module named
+  (``core_attn`` the attention core, ``mlp`` a dense layer's MLP, ``moe`` a MoE layer's
+  experts and its all-to-all exchanges, ``shared_experts`` the shared experts;
+  ``layernorm``, elementwise, is not timed).
 * **Pipeline** (Narayanan et al. 2021): ``(pp - 1) / vpp`` micro-batch times of bubble per
   step on the slowest stage; each micro-batch sends its activations and receives their
   gradients at each of the ``vpp`` chunk boundaries over the network.
@@ -66,6 +69,7 @@ import numpy.typing as npt
 
 from tokenbatch import _core
 from tokenbatch.memory.hardware import Hardware
+from tokenbatch.memory.recompute import RECOMPUTE_MODULES
 from tokenbatch.memory.spec import ModelSpec
 
 __all__ = ["TIME_PARTS", "step_time"]
@@ -125,7 +129,8 @@ def step_time(
     """Seconds per step of each candidate in ``c``, split into :data:`TIME_PARTS`.
 
     ``c`` holds arrays ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ``vpp``, ``zero``,
-    ``recompute`` (0 none, 1 selective, 2 full, 3 core_attn), ``micro_batch``, ``grad_accum_steps``
+    ``recompute`` (0 none, 1 selective, 2 full, 2 + the bits of Megatron-Core's modules:
+    :data:`~tokenbatch.memory.recompute.RECOMPUTE_MODULES`), ``micro_batch``, ``grad_accum_steps``
     and the layers of the first, middle and last pipeline stages (``first_layers``,
     ``middle_layers``, ``last_layers``). ``inputs`` are the memory estimate's numeric
     options (:func:`~tokenbatch.memory.estimate.scalar_inputs`). Also returns ``total``
@@ -167,6 +172,20 @@ def step_time(
     attention_fwd_flops = tokens * seq_len * heads * head_dims
     attention_core = 3.0 * attention_fwd_flops / attention_peak
     dense_layer = matmul(local_weights(dense_row), tokens) + attention_core
+    mlp_matrices = 3.0 if spec.ffn_type == "swiglu" else 2.0
+
+    def mlp_forward(width: float) -> _F64:
+        """The forward pass of an MLP ``width`` wide (whole, split over ``tp``)."""
+        return matmul(np.asarray(mlp_matrices * h * width) / tp, tokens) / 3.0
+
+    modules = np.where(recompute > 2, recompute - 2, 0).astype(np.int64)
+
+    def recomputed(module: str) -> npt.NDArray[np.bool_]:
+        result: npt.NDArray[np.bool_] = (modules & RECOMPUTE_MODULES[module]) != 0
+        return result
+
+    core_rebuilt = (recompute == 1) | recomputed("core_attn")
+    shared_forward = mlp_forward(float(spec.num_shared_experts * spec.moe_ffn_size))
     if spec.is_moe:
         copies = spec.top_k * (inputs["moe_capacity_factor"] or 1.0)
         per_expert = moe_row[3] / spec.num_experts
@@ -184,11 +203,19 @@ def step_time(
     layer = moe_share * moe_layer + (1.0 - moe_share) * dense_layer
     layer_forward = layer / 3.0
     # Selective modes rebuild the attention core (and elementwise activations, whose
-    # time is not modelled).
-    recompute_cost = np.select(
-        [recompute == 2, (recompute == 1) | (recompute == 3)],
-        [layer_forward, attention_core / 3.0],
-        0.0,
+    # time is not modelled), Megatron-Core's modules each their own forward pass.
+    core_cost = np.where(core_rebuilt, attention_core / 3.0, 0.0)
+    dense_cost = core_cost + np.where(recomputed("mlp"), mlp_forward(float(spec.ffn_size)), 0.0)
+    if spec.is_moe:
+        moe_cost = core_cost + np.where(
+            recomputed("moe"),
+            experts / 3.0 + shared_forward,
+            np.where(recomputed("shared_experts"), shared_forward, 0.0),
+        )
+    else:
+        moe_cost = dense_cost
+    recompute_cost = np.where(
+        recompute == 2, layer_forward, moe_share * moe_cost + (1.0 - moe_share) * dense_cost
     )
     head = matmul((projection or embedding) / tp, tokens)
     # The last stage also runs the output layer and the multi-token-prediction modules.
@@ -241,7 +268,9 @@ def step_time(
             inter_copies = copies * (ep - on_node) / ep
         per_byte = intra_copies / hw.intra_node_bandwidth + inter_copies / hw.inter_node_bandwidth
         routed = tokens / tp * h
-        exchanges = routed * (dispatch_bytes + 3.0 * e + np.where(recompute == 2, 2.0 * e, 0.0))
+        # Full recomputation and `moe` repeat the forward dispatch and combine.
+        again = (recompute == 2) | recomputed("moe")
+        exchanges = routed * (dispatch_bytes + 3.0 * e + np.where(again, 2.0 * e, 0.0))
         latency = 4.0 * _steps_latency(ep, on_node)
         ep_time = np.where(ep > 1, exchanges * per_byte + latency, 0.0)
         if overlap_ep_comm:

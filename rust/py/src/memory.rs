@@ -4,8 +4,8 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntyped
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, Invalid, Layout, ModelSpec, NameTable, NormType,
-    Values, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, Invalid, Layout, ModelSpec, NameSets, NameTable,
+    NormType, Values, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -146,8 +146,13 @@ enum NumberArray<'py> {
     Bool(PyReadonlyArray1<'py, bool>),
 }
 
+/// Names made of parts: the separator, the parts' names and bits, and the code of the
+/// empty set (see [`NameSets`]).
+type SetsArg = (char, Vec<String>, Vec<u32>, f64);
+
 /// One grid input with its element strides: numbers, or the code points of a `<U` array
-/// (viewed as `(n, width)` uint32) with the names it may hold and their codes.
+/// (viewed as `(n, width)` uint32) with the names it may hold, their codes, and the
+/// names made of parts it may hold (or `None`).
 #[derive(FromPyObject)]
 enum GridColumn<'py> {
     Numbers(NumberArray<'py>, Vec<usize>),
@@ -156,6 +161,7 @@ enum GridColumn<'py> {
         Vec<usize>,
         Vec<String>,
         Vec<f64>,
+        Option<SetsArg>,
     ),
 }
 
@@ -173,8 +179,8 @@ fn memory_grid<'py>(
         let tables = inputs
             .iter()
             .map(|input| match input {
-                GridColumn::Names(text, _, names, codes) => {
-                    name_table(text.shape()[1], names, codes).map(Some)
+                GridColumn::Names(text, _, names, codes, sets) => {
+                    name_table(text.shape()[1], names, codes, sets.as_ref()).map(Some)
                 }
                 GridColumn::Numbers(..) => Ok(None),
             })
@@ -219,19 +225,37 @@ fn memory_grid<'py>(
     })
 }
 
-/// The table of `names` (with their `codes`) for strings `width` code points wide.
-fn name_table(width: usize, names: &[String], codes: &[f64]) -> PyResult<NameTable> {
+/// The table of `names` (with their `codes`, and the `sets` of parts) for strings
+/// `width` code points wide.
+fn name_table(
+    width: usize,
+    names: &[String],
+    codes: &[f64],
+    sets: Option<&SetsArg>,
+) -> PyResult<NameTable> {
     if names.len() != codes.len() {
         return Err(PyValueError::new_err("one code per name"));
     }
     if width == 0 {
         return Err(PyValueError::new_err("strings of width 0"));
     }
-    let names: Vec<Vec<u32>> = names
-        .iter()
-        .map(|name| name.chars().map(u32::from).collect())
-        .collect();
-    Ok(NameTable::new(width, &names, codes))
+    let points = |names: &[String]| -> Vec<Vec<u32>> {
+        names
+            .iter()
+            .map(|name| name.chars().map(u32::from).collect())
+            .collect()
+    };
+    let table = NameTable::new(width, &points(names), codes);
+    Ok(match sets {
+        None => table,
+        Some((separator, parts, bits, base)) => {
+            if parts.len() != bits.len() {
+                return Err(PyValueError::new_err("one bit per part"));
+            }
+            let sets = NameSets::new(u32::from(*separator), &points(parts), bits, *base);
+            table.with_sets(sets)
+        }
+    })
 }
 
 /// The code points of a `<U` array viewed as `(n, width)` uint32, in place.
@@ -241,17 +265,19 @@ fn code_points<'a>(text: &'a PyReadonlyArray2<'_, u32>) -> PyResult<&'a [u32]> {
 }
 
 /// For each row of `text` (a numpy `<U` array viewed as `(n, width)` uint32 code points),
-/// the code of the name it equals (`codes[i]` for `names[i]`), or NaN.
+/// the code of the name it equals (`codes[i]` for `names[i]`), or of the set of parts it
+/// names (`sets`), or NaN.
 #[pyfunction]
 fn memory_name_codes<'py>(
     py: Python<'py>,
     text: PyReadonlyArray2<'py, u32>,
     names: Vec<String>,
     codes: Vec<f64>,
+    sets: Option<SetsArg>,
 ) -> PyResult<Bound<'py, PyArray1<f64>>> {
     guard("memory_name_codes", || {
         let points = code_points(&text)?;
-        let table = name_table(text.shape()[1], &names, &codes)?;
+        let table = name_table(text.shape()[1], &names, &codes, sets.as_ref())?;
         let found = detach_parallel(py, || memory::name_codes(points, &table));
         Ok(found.into_pyarray(py))
     })

@@ -66,10 +66,28 @@
 //! checkpoint (`transformers` has no selective mode), both keep the MLP's tensors and
 //! q, k and v are separate projections.
 //!
+//! Megatron-Core's other `recompute_modules`, each a module run under a checkpoint that
+//! keeps the module's input in the activation dtype (measured in
+//! tests/test_memory_megatron_core.py; `core_attn` is above):
+//!
+//! * `mlp`: a dense layer's MLP keeps its input only. Transformer Engine's layer fuses the
+//!   pre-MLP norm into the first projection, so the norm is recomputed with it (`fused`);
+//!   in `hf` the norm is a module of its own and keeps its tensors.
+//! * `moe`: a MoE layer (router, dispatch, routed and shared experts) keeps its input only.
+//! * `shared_experts`: the shared experts keep no inner activations.
+//! * `layernorm`: the norms that run as modules of their own (`hf`: all; `fused`, as in
+//!   Transformer Engine's layer: an MLA layer's input norm and a MoE layer's pre-MLP norm;
+//!   the others are fused into the next projection and not recomputed) keep their input
+//!   only, and the tensor they produce, which the next modules kept (the projections'
+//!   input, a checkpointed block's input), is freed and rebuilt in backward.
+//!
+//! `moe_act` and `mla_up_proj` (grouped-GEMM experts, multi-latent attention) are not
+//! modelled as modules; `selective` is the closest mode to `moe_act` with `core_attn`.
+//!
 //! # `korthikanti`
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
 
-use crate::memory::layout::Recompute;
+use crate::memory::layout::{Modules, Recompute};
 use crate::memory::spec::{FfnType, Implementation, ModelSpec, NormType};
 
 /// How context-parallel ranks exchange keys and values (the `cp_comm` layout field).
@@ -157,9 +175,14 @@ impl<'a> Activations<'a> {
         }
     }
 
+    /// The Megatron-Core modules recomputed.
+    fn modules(&self) -> Modules {
+        self.c.recompute.modules()
+    }
+
     /// Whether the attention core is recomputed in backward (`selective`, `core_attn`).
     fn core_recomputed(&self) -> bool {
-        matches!(self.c.recompute, Recompute::Selective | Recompute::CoreAttn)
+        self.c.recompute == Recompute::Selective || self.modules().has(Modules::CORE_ATTN)
     }
 
     /// Whether the MLP activation functions are recomputed: `selective` where the code
@@ -197,15 +220,16 @@ impl<'a> Activations<'a> {
         (kept * c.e + down) * ffn / c.t
     }
 
-    /// The attention block: projections' input, q/k/v, core, output.
-    fn attention(&self) -> f64 {
+    /// The attention block: projections' input (unless freed: `input_kept` false), q/k/v,
+    /// core, output.
+    fn attention(&self, input_kept: bool) -> f64 {
         let (s, c) = (self.spec, &self.c);
         let e = c.e;
         let h = s.hidden_size as f64;
         let a = s.num_heads as f64 / c.t;
         let dq = s.qk_head_dim() as f64;
         let dv = s.v_dim() as f64;
-        let input = c.lin * h / c.rep;
+        let input = if input_kept { c.lin * h / c.rep } else { 0.0 };
         let query = e * a * dq;
         let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
         let projection_input = c.lin * a * dv;
@@ -256,7 +280,11 @@ impl<'a> Activations<'a> {
     /// too, which is not counted.
     fn qkv_view(&self) -> f64 {
         let (s, c) = (self.spec, &self.c);
-        if c.recompute != Recompute::CoreAttn || self.hf || s.is_mla() || s.learned_positions > 0 {
+        if !self.modules().has(Modules::CORE_ATTN)
+            || self.hf
+            || s.is_mla()
+            || s.learned_positions > 0
+        {
             return 0.0;
         }
         let a = s.num_heads as f64 / c.t;
@@ -277,21 +305,29 @@ impl<'a> Activations<'a> {
     }
 
     /// The MLP or MoE block of a layer, per token, and bytes per micro-batch that do not
-    /// scale with its tokens (an fp32 copy of the router weight).
-    fn mlp(&self, moe: bool) -> (f64, f64) {
+    /// scale with its tokens (an fp32 copy of the router weight). `input_kept` false: the
+    /// block's input (the pre-MLP norm's output) is freed.
+    fn mlp(&self, moe: bool, input_kept: bool) -> (f64, f64) {
         let (s, c) = (self.spec, &self.c);
         let e = c.e;
         let h = s.hidden_size as f64;
-        let input = c.lin * h / c.rep;
+        let kept = if input_kept { 1.0 } else { 0.0 };
         if !moe {
-            return (input + self.mlp_inner(s.ffn_size as f64), 0.0);
+            return (
+                kept * c.lin * h / c.rep + self.mlp_inner(s.ffn_size as f64),
+                0.0,
+            );
         }
         // The MoE input goes to the router, which is not an FP8 layer.
-        let input = e * h / c.rep;
+        let input = kept * e * h / c.rep;
         let k = s.top_k as f64;
         let experts = s.num_experts as f64;
         // In f64, as the parameter counts are: the u64 product can overflow.
-        let shared = self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64);
+        let shared = if self.modules().has(Modules::SHARED_EXPERTS) {
+            0.0
+        } else {
+            self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64)
+        };
         if !self.hf {
             return (self.fused_moe(input, shared), 0.0);
         }
@@ -372,11 +408,50 @@ impl<'a> Activations<'a> {
     #[inline(always)]
     pub fn layer(&self, moe: bool) -> (LayerActs, f64) {
         let h = self.spec.hidden_size as f64;
-        let (mlp, fixed) = self.mlp(moe);
+        let modules = self.modules();
+        // What a checkpoint keeps of its input: a residual-stream tensor.
+        let checkpoint_input = self.c.e * h / self.c.rep;
+        // Norms that are modules of their own (Transformer Engine fuses the others into
+        // the next projection), and whether `layernorm` recomputes them.
+        let mlp_norm_alone = self.hf || moe;
+        let input_norm_recomputed =
+            modules.has(Modules::LAYERNORM) && (self.hf || self.spec.is_mla());
+        let mlp_norm_recomputed = modules.has(Modules::LAYERNORM) && mlp_norm_alone;
+        let norm = |recomputed: bool| {
+            if recomputed {
+                checkpoint_input
+            } else {
+                self.norm(h)
+            }
+        };
+        let block_recomputed = if moe {
+            modules.has(Modules::MOE)
+        } else {
+            modules.has(Modules::MLP)
+        };
+        let (mlp, fixed, mlp_norm) = if block_recomputed {
+            // The block keeps its input, the pre-MLP norm's output (freed where the norm
+            // is recomputed); a norm fused into the block is recomputed with it, and the
+            // block keeps the norm's input instead.
+            let input = if mlp_norm_recomputed {
+                0.0
+            } else {
+                checkpoint_input
+            };
+            let mlp_norm = if mlp_norm_alone {
+                norm(mlp_norm_recomputed)
+            } else {
+                0.0
+            };
+            (input, 0.0, mlp_norm)
+        } else {
+            let (mlp, fixed) = self.mlp(moe, !mlp_norm_recomputed);
+            (mlp, fixed, norm(mlp_norm_recomputed))
+        };
         let acts = LayerActs {
-            attention: self.attention(),
+            attention: self.attention(!input_norm_recomputed),
             mlp,
-            norm: 2.0 * self.norm(h),
+            norm: norm(input_norm_recomputed) + mlp_norm,
         };
         (acts, fixed)
     }

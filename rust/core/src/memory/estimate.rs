@@ -42,7 +42,7 @@
 //! recomputes (Chen et al. 2016).
 
 use crate::memory::activations::{rotary_tables, ActCtx, Activations, CpComm, LayerActs};
-use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
+use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute, MAX_RECOMPUTE_CODE};
 use crate::memory::memo::Memo;
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::{LayerParams, ModelSpec};
@@ -258,8 +258,10 @@ pub(crate) enum FieldRule {
     PositiveInteger,
     /// A non-negative whole number.
     Count,
-    /// 0, 1, 2 or 3 (a ZeRO stage, a recompute code).
+    /// 0, 1, 2 or 3 (a ZeRO stage).
     FourWay,
+    /// A `recompute` code: 0 to [`MAX_RECOMPUTE_CODE`].
+    RecomputeCode,
     /// 0 or 1.
     Flag,
     /// 0, 1 or 2.
@@ -297,7 +299,7 @@ impl FieldRule {
                 }
             };
         }
-        each!(PositiveInteger Count FourWay Flag ThreeWay PipelineSplit NonNegative Fraction);
+        each!(PositiveInteger Count FourWay RecomputeCode Flag ThreeWay PipelineSplit NonNegative Fraction);
     }
 
     /// The least and the largest value the rule accepts: for whole numbers (an integer
@@ -308,6 +310,7 @@ impl FieldRule {
             FieldRule::PositiveInteger => (1.0, f64::MAX),
             FieldRule::Count | FieldRule::NonNegative => (0.0, f64::MAX),
             FieldRule::FourWay => (0.0, 3.0),
+            FieldRule::RecomputeCode => (0.0, MAX_RECOMPUTE_CODE),
             FieldRule::Flag | FieldRule::Fraction => (0.0, 1.0),
             FieldRule::ThreeWay => (0.0, 2.0),
             FieldRule::PipelineSplit => (0.0, 4.0),
@@ -330,7 +333,7 @@ pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
         7 => (R::PositiveInteger, Invalid::Vpp),
         8 => (R::FourWay, Invalid::Zero),
         9 => (R::Flag, Invalid::SequenceParallel),
-        10 => (R::FourWay, Invalid::Recompute),
+        10 => (R::RecomputeCode, Invalid::Recompute),
         11 => (R::Count, Invalid::GradAccumSteps),
         19 => (R::Flag, Invalid::ActivationModel),
         20 => (R::Flag, Invalid::Attention),
@@ -474,7 +477,7 @@ fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
     }
 }
 
-/// Whether `l` recomputes fully. A comparison of the code (validated: 0 to 3) rather
+/// Whether `l` recomputes fully. A comparison of the code (validated) rather
 /// than of the [`Recompute`] mode: a float comparison chooses between values with masks,
 /// where a branch on the mode, which varies from cell to cell in a list of layouts, was
 /// mispredicted.

@@ -49,19 +49,58 @@ pub enum Recompute {
     /// The attention core and the activation functions.
     Selective,
     Full,
-    /// The attention core only: Megatron-Core's default selective recomputation
-    /// (`recompute_modules=["core_attn"]`).
-    CoreAttn,
+    /// Megatron-Core's selective recomputation of the modules named in
+    /// `recompute_modules`; `core_attn` alone (code 3) is its default.
+    Modules(Modules),
 }
 
+/// A set of Megatron-Core modules recomputed in backward (`recompute_modules`), one bit
+/// each; its `recompute` code is 2 plus the bits, so that `core_attn` alone is 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modules(u8);
+
+impl Modules {
+    /// The attention core (`core_attn`).
+    pub const CORE_ATTN: u8 = 1;
+    /// A dense layer's MLP (`mlp`; not the MoE layers').
+    pub const MLP: u8 = 2;
+    /// The norms that run as modules of their own (`layernorm`).
+    pub const LAYERNORM: u8 = 4;
+    /// A MoE layer: router, dispatch, experts (`moe`).
+    pub const MOE: u8 = 8;
+    /// The shared experts of a MoE layer (`shared_experts`).
+    pub const SHARED_EXPERTS: u8 = 16;
+    /// The bits of every module.
+    pub const ALL: u8 = 31;
+
+    /// No module.
+    pub const NONE: Modules = Modules(0);
+
+    /// Whether `module` (one of the constants) is recomputed.
+    pub fn has(self, module: u8) -> bool {
+        self.0 & module != 0
+    }
+}
+
+/// The largest `recompute` code: every Megatron-Core module.
+pub const MAX_RECOMPUTE_CODE: f64 = 2.0 + Modules::ALL as f64;
+
 impl Recompute {
-    /// The mode of a `recompute` code (0 to 3; validated before).
+    /// The mode of a `recompute` code (0 to [`MAX_RECOMPUTE_CODE`]; validated before).
     pub fn from_code(code: f64) -> Self {
         match code as u8 {
             1 => Recompute::Selective,
             2 => Recompute::Full,
-            3 => Recompute::CoreAttn,
+            code @ 3.. => Recompute::Modules(Modules((code - 2) & Modules::ALL)),
             _ => Recompute::None,
+        }
+    }
+
+    /// The Megatron-Core modules recomputed ([`Modules::NONE`] for the other modes).
+    pub fn modules(self) -> Modules {
+        match self {
+            Recompute::Modules(modules) => modules,
+            _ => Modules::NONE,
         }
     }
 }
@@ -359,7 +398,10 @@ impl Invalid {
             Invalid::Vpp => "vpp must be a positive integer (1 unless pp > 1)",
             Invalid::Zero => "zero must be 0, 1, 2 or 3",
             Invalid::SequenceParallel => "sequence_parallel must be a boolean",
-            Invalid::Recompute => "recompute must be 'none', 'selective', 'full' or 'core_attn'",
+            Invalid::Recompute => {
+                "recompute must be 'none', 'selective', 'full' or Megatron-Core modules joined \
+                 with '+' ('core_attn', 'mlp', 'layernorm', 'moe', 'shared_experts')"
+            }
             Invalid::GradAccumSteps => {
                 "grad_accum_steps must be a non-negative integer (0 or None: fills the pipeline)"
             }

@@ -20,9 +20,10 @@ pub use estimate::{
 };
 pub use grid::{estimate_all_stages, estimate_grid, estimate_one, GridInput, GridTable, Values};
 pub use layout::{
-    ActivationModel, Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS,
+    ActivationModel, Invalid, Layout, Modules, Recompute, INVALID_REASONS, LAYOUT_FIELDS,
+    MAX_RECOMPUTE_CODE, N_LAYOUT_FIELDS,
 };
-pub use names::{name_codes, NameTable};
+pub use names::{name_codes, NameSets, NameTable};
 pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, NormType};
 

@@ -26,6 +26,50 @@ pub struct NameTable {
     /// How a string finds the one name it may equal, where two code points tell the names
     /// apart (see [`Picker`]).
     picker: Option<Picker>,
+    /// Names made of parts, matched where a string equals no name.
+    sets: Option<NameSets>,
+}
+
+/// Names made of parts joined by a separator, each part a bit of the code: the code of
+/// `"core_attn+mlp"` is `base` plus the bits of `core_attn` and `mlp` (any order, a part
+/// named twice counted once). A string with an unknown or empty part matches nothing.
+#[derive(Debug, Clone)]
+pub struct NameSets {
+    separator: u32,
+    /// Each part's name (lowercase) and bit.
+    parts: Vec<(Vec<u32>, u32)>,
+    base: f64,
+}
+
+impl NameSets {
+    /// Parts named `parts[i]` (code points) with bit `bits[i]`, joined by `separator`.
+    pub fn new(separator: u32, parts: &[Vec<u32>], bits: &[u32], base: f64) -> Self {
+        NameSets {
+            separator,
+            parts: parts
+                .iter()
+                .zip(bits)
+                .map(|(name, &bit)| (name.iter().map(|&c| fold(c)).collect(), bit))
+                .collect(),
+            base,
+        }
+    }
+
+    /// The code of `row` (code points padded with zeros), or NaN.
+    fn code(&self, row: &[u32]) -> f64 {
+        let end = row.iter().rposition(|&c| c != 0).map_or(0, |last| last + 1);
+        let mut bits = 0;
+        for part in row[..end].split(|&c| c == self.separator) {
+            let found = self.parts.iter().find(|(name, _)| {
+                name.len() == part.len() && name.iter().zip(part).all(|(&a, &b)| a == fold(b))
+            });
+            match found {
+                Some(&(_, bit)) => bits |= bit,
+                None => return f64::NAN,
+            }
+        }
+        self.base + f64::from(bits)
+    }
 }
 
 /// Two positions at which every two different names differ in some code point, and for
@@ -114,6 +158,15 @@ impl NameTable {
             width,
             padded,
             picker,
+            sets: None,
+        }
+    }
+
+    /// The table matching `sets` too, where a string equals none of its names.
+    pub fn with_sets(self, sets: NameSets) -> Self {
+        NameTable {
+            sets: Some(sets),
+            ..self
         }
     }
 
@@ -165,8 +218,9 @@ impl NameTable {
                 }
                 _ => f64::NAN,
             };
-            if code.is_nan() && row.contains(&KELVIN_SIGN) {
-                // Rare: folded in full, one code point at a time.
+            if code.is_nan() && (self.sets.is_some() || row.contains(&KELVIN_SIGN)) {
+                // Rare (a set of names, or a bad one): folded in full, one code point at a
+                // time.
                 self.codes_of_any_width(row, std::slice::from_mut(code));
             }
         }
@@ -183,6 +237,9 @@ impl NameTable {
                     code
                 }
             });
+            if let (true, Some(sets)) = (code.is_nan(), &self.sets) {
+                *code = sets.code(row);
+            }
         }
     }
 }

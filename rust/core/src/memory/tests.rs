@@ -403,6 +403,100 @@ fn core_attn_keeps_the_mlp_and_the_fused_qkv_output() {
 }
 
 #[test]
+fn megatron_modules_keep_the_inputs_of_their_checkpoints() {
+    // Megatron-Core's `recompute_modules` (code 2 + the modules' bits), Llama-3-8B and
+    // Mixtral on 1,024 tokens in bf16: a recomputed module keeps its input (2 h bytes
+    // per token) and nothing inside it.
+    let (layers, tokens, h) = (32.0, 1024.0, 4096.0);
+    let per_layer_token = layers * tokens;
+    let at = |spec: &ModelSpec, modules: u8| {
+        one(
+            spec,
+            &Layout {
+                seq_len: tokens,
+                recompute: 2.0 + f64::from(modules),
+                ..Layout::default()
+            },
+        )
+    };
+    let none = |spec: &ModelSpec| {
+        one(
+            spec,
+            &Layout {
+                seq_len: tokens,
+                ..Layout::default()
+            },
+        )
+    };
+    // `core_attn` alone is code 3, Megatron-Core's default.
+    let core_attn = Recompute::from_code(3.0).modules();
+    assert!(core_attn.has(Modules::CORE_ATTN) && !core_attn.has(Modules::ALL - Modules::CORE_ATTN));
+    let fused = llama_8b();
+    let plain = none(&fused);
+    // Dense `mlp`: the MLP and the pre-MLP norm fused into its first projection keep the
+    // norm's input, the residual, only.
+    let mlp = at(&fused, Modules::MLP);
+    assert_eq!(mlp.act_mlp, per_layer_token * 2.0 * h);
+    assert_eq!(
+        plain.act_norm - mlp.act_norm,
+        per_layer_token * (2.0 * h + 4.0)
+    );
+    assert_eq!(mlp.act_attention, plain.act_attention);
+    // Transformer Engine fuses a dense layer's norms into the next projections, where
+    // `layernorm` does not recompute them.
+    assert_eq!(at(&fused, Modules::LAYERNORM), plain);
+    // `hf` runs its norms alone: each keeps its input (2 h) instead of its fp32 copy,
+    // statistic and output ((4 + 2) h + 4), and frees the next block's input.
+    let hf = ModelSpec {
+        implementation: Implementation::Hf,
+        ..llama_8b()
+    };
+    let (hf_plain, hf_norms) = (none(&hf), at(&hf, Modules::LAYERNORM));
+    assert_eq!(
+        hf_plain.act_norm - hf_norms.act_norm,
+        per_layer_token * 2.0 * (4.0 * h + 4.0)
+    );
+    assert_eq!(
+        hf_plain.act_attention - hf_norms.act_attention,
+        per_layer_token * 2.0 * h
+    );
+    assert_eq!(
+        hf_plain.act_mlp - hf_norms.act_mlp,
+        per_layer_token * 2.0 * h
+    );
+    // With `mlp` too the MLP keeps nothing: its input is the freed norm output.
+    assert_eq!(at(&hf, Modules::MLP | Modules::LAYERNORM).act_mlp, 0.0);
+    assert_eq!(at(&hf, Modules::MLP).act_mlp, per_layer_token * 2.0 * h);
+    // MoE: `moe` keeps the layer's input; with `layernorm` (the pre-MLP norm is alone in
+    // a MoE layer) not even that, and the norm keeps its input without its statistic.
+    let mx = mixtral();
+    let mx_plain = none(&mx);
+    let moe = at(&mx, Modules::MOE);
+    assert_eq!(moe.act_mlp, per_layer_token * 2.0 * h);
+    assert_eq!(
+        (moe.act_norm, moe.act_attention),
+        (mx_plain.act_norm, mx_plain.act_attention)
+    );
+    let moe_norm = at(&mx, Modules::MOE | Modules::LAYERNORM);
+    assert_eq!(moe_norm.act_mlp, 0.0);
+    assert_eq!(mx_plain.act_norm - moe_norm.act_norm, per_layer_token * 4.0);
+    assert_eq!(
+        mx_plain.act_mlp - at(&mx, Modules::LAYERNORM).act_mlp,
+        per_layer_token * 2.0 * h
+    );
+    // `mlp` is a dense layer's: nothing changes in a MoE layer.
+    assert_eq!(at(&mx, Modules::MLP), mx_plain);
+    // `shared_experts`: their gate, up, silu(gate) and product (4 x 2 x 2048 bytes per
+    // token) in DeepSeek-V3's 58 MoE layers; the dense ones are untouched.
+    let ds = deepseek_v3();
+    let ds_tokens = 58.0 * tokens;
+    assert_eq!(
+        none(&ds).act_mlp - at(&ds, Modules::SHARED_EXPERTS).act_mlp,
+        ds_tokens * 4.0 * 2.0 * 2048.0
+    );
+}
+
+#[test]
 fn invalid_configurations_report_a_reason() {
     let spec = llama_8b();
     let check = |layout: Layout, reason: Invalid| {
@@ -419,7 +513,7 @@ fn invalid_configurations_report_a_reason() {
     check(Layout { zero: 4.0, ..base }, Invalid::Zero);
     check(
         Layout {
-            recompute: 4.0,
+            recompute: 34.0,
             ..base
         },
         Invalid::Recompute,
@@ -719,7 +813,8 @@ fn arb_layout() -> impl Strategy<Value = Layout> {
         prop::sample::select(vec![1.0, 2.0, 4.0, 8.0]),
         prop::sample::select(vec![1.0, 2.0, 4.0]),
         0u32..4,
-        0u32..4,
+        // Every code: the plain modes and the sets of Megatron-Core modules.
+        0u32..34,
         0u32..2,
         0u32..2,
     )
@@ -778,6 +873,29 @@ proptest! {
             let heavier = Layout { attention, ..layout };
             let r = one(&spec, &Layout { recompute: lighter, ..heavier });
             prop_assert!(r.activations <= one(&spec, &heavier).activations);
+        }
+    }
+
+    #[test]
+    fn recomputing_one_more_module_never_keeps_more(
+        layout in arb_layout(),
+        module in prop::sample::select(vec![
+            Modules::MLP, Modules::LAYERNORM, Modules::MOE, Modules::SHARED_EXPERTS,
+        ]),
+        hf in any::<bool>(),
+    ) {
+        // A set of Megatron-Core modules with one more of them (not `core_attn`, which
+        // keeps the fused QKV output alive), for dense and MoE models of both code bases.
+        let set = if layout.recompute >= 3.0 { layout.recompute as u8 - 2 } else { 0 };
+        let with = 2.0 + f64::from(set | module);
+        let without = if set == 0 { 0.0 } else { layout.recompute };
+        let implementation = if hf { Implementation::Hf } else { Implementation::Fused };
+        for spec in [llama_8b(), mixtral(), deepseek_v3()] {
+            let spec = ModelSpec { implementation, ..spec };
+            let Ok(b) = estimate_one(&spec, &Layout { recompute: without, ..layout }).unwrap()
+            else { continue };
+            let r = one(&spec, &Layout { recompute: with, ..layout });
+            prop_assert!(r.activations <= b.activations, "{} {} -> {}", module, without, with);
         }
     }
 }
@@ -1178,14 +1296,16 @@ proptest! {
                 f64::NEG_INFINITY, f64::NAN, f64::MIN_POSITIVE, 4503599627370495.5,
             ]),
             any::<f64>(),
-            (0u64..10).prop_map(|n| n as f64),
+            (0u64..40).prop_map(|n| n as f64),
         ],
     ) {
         // The branch-free checks, against their definitions.
         let whole = x.is_finite() && x.fract() == 0.0;
         let expected = match field {
             0..=7 => whole && x >= 1.0,
-            8 | 10 => whole && (0.0..=3.0).contains(&x),
+            8 => whole && (0.0..=3.0).contains(&x),
+            // 0 to 2 the plain modes, 3 to 33 the sets of Megatron-Core modules.
+            10 => whole && (0.0..=33.0).contains(&x),
             9 | 19 | 20 | 21 | 28 | 29 => x == 0.0 || x == 1.0,
             27 => x == 0.0 || x == 1.0 || x == 2.0,
             11 | 23 | 24 => whole && x >= 0.0,
@@ -1324,6 +1444,49 @@ fn name_codes_match_whole_fixed_width_names() {
         .iter()
         .enumerate()
         .all(|(i, &x)| x == [7.0, 9.0][i % 2]));
+}
+
+#[test]
+fn name_sets_match_their_parts_in_any_order_and_case() {
+    // `recompute`'s table: the modes and each module by name, sets of modules by parts.
+    let names = code_points(&["none", "selective", "full", "core_attn", "mlp", "moe"]);
+    let codes = [0.0, 1.0, 2.0, 3.0, 4.0, 10.0];
+    let parts = code_points(&["core_attn", "mlp", "moe"]);
+    let sets = NameSets::new(u32::from(b'+'), &parts, &[1, 2, 8], 2.0);
+    let words = [
+        ("full", 2.0),
+        ("mlp", 4.0),
+        ("core_attn+mlp", 5.0),
+        ("MLP+Core_Attn", 5.0),
+        ("mlp+mlp", 4.0),
+        ("moe+mlp+core_attn", 13.0),
+        ("mlp+", f64::NAN),
+        ("+mlp", f64::NAN),
+        ("mlp++moe", f64::NAN),
+        ("mlp+full", f64::NAN),
+        ("mlp+mo", f64::NAN),
+        ("mlp+moe\u{0}x", f64::NAN),
+        ("mlp + moe", f64::NAN),
+        ("nonex", f64::NAN),
+        ("", f64::NAN),
+    ];
+    let width = 20;
+    let text: Vec<u32> = words.iter().flat_map(|(w, _)| row(w, width)).collect();
+    let table = NameTable::new(width, &names, &codes).with_sets(sets);
+    let found = name_codes(&text, &table);
+    for ((word, expected), found) in words.iter().zip(&found) {
+        assert_eq!(found.to_bits(), expected.to_bits(), "{word:?}");
+    }
+    // At a width the matcher knows at compile time as well.
+    let text: Vec<u32> = ["MOE+MLP", "mlp", "x+mlp"]
+        .iter()
+        .flat_map(|w| row(w, 9))
+        .collect();
+    let parts = code_points(&["core_attn", "mlp", "moe"]);
+    let sets = NameSets::new(u32::from(b'+'), &parts, &[1, 2, 8], 2.0);
+    let found = name_codes(&text, &NameTable::new(9, &names, &codes).with_sets(sets));
+    assert_eq!(found[..2], [12.0, 4.0]);
+    assert!(found[2].is_nan());
 }
 
 /// Strings of the code points a name column can hold near the names: lowercase and
