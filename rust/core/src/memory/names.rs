@@ -213,7 +213,11 @@ impl NameTable {
             // larger than the caches).
             prefetch(row.as_ptr().wrapping_add(PREFETCH_AHEAD).cast());
             *code = match self.padded.get(picker.candidate(row)) {
-                Some((name, known)) if same::<W>(name, row) || same_folded::<W>(name, row) => {
+                // As written first: most strings are in lowercase, and comparing them
+                // costs less than folding them.
+                Some((name, known))
+                    if same::<W>(name, row, |c| c) || same::<W>(name, row, fold_ascii) =>
+                {
                     *known
                 }
                 _ => f64::NAN,
@@ -244,30 +248,15 @@ impl NameTable {
     }
 }
 
-/// Whether `row` is `name`, both `W` code points: most strings are written in lowercase,
-/// and comparing them as they are costs less than folding them first.
+/// Whether `row`, each code point mapped by `fold`, is `name`, both `W` code points: a few
+/// vector instructions, with no branch per code point.
 #[inline(always)]
-fn same<const W: usize>(name: &[u32], row: &[u32]) -> bool {
+fn same<const W: usize>(name: &[u32], row: &[u32], fold: impl Fn(u32) -> u32) -> bool {
     match (<&[u32; W]>::try_from(name), <&[u32; W]>::try_from(row)) {
         (Ok(name), Ok(row)) => {
             name.iter()
                 .zip(row)
-                .fold(0, |differs, (&a, &b)| differs | (a ^ b))
-                == 0
-        }
-        _ => false,
-    }
-}
-
-/// Whether `row` lowercased as [`fold_ascii`] does is `name`, both `W` code points: a
-/// few vector instructions, with no branch per code point.
-#[inline(always)]
-fn same_folded<const W: usize>(name: &[u32], row: &[u32]) -> bool {
-    match (<&[u32; W]>::try_from(name), <&[u32; W]>::try_from(row)) {
-        (Ok(name), Ok(row)) => {
-            name.iter()
-                .zip(row)
-                .fold(0, |differs, (&a, &b)| differs | (a ^ fold_ascii(b)))
+                .fold(0, |differs, (&a, &b)| differs | (a ^ fold(b)))
                 == 0
         }
         _ => false,
