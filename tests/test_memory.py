@@ -262,13 +262,14 @@ def test_recompute_names_megatron_core_modules_alone_or_joined() -> None:
         grid = estimate_memory_grid(mixtral, seq_len=4096, recompute=column)
         assert grid.total.tolist() == [x.total for x in alone]
     # Each module's name, every set's canonical name, and back.
-    for code in range(34):
+    for code in range(66):
         name = recompute_name(code)
         assert estimate_memory(mixtral, seq_len=4096, recompute=name).inputs["recompute"] == code
     assert recompute_name(3) == "core_attn"
     assert recompute_name(2 + 31) == "core_attn+mlp+layernorm+moe+shared_experts"
-    with pytest.raises(ValueError, match="no recompute mode has code 34"):
-        recompute_name(34)
+    assert recompute_name(2 + 32 + 1) == "core_attn+mla_up_proj"
+    with pytest.raises(ValueError, match="no recompute mode has code 66"):
+        recompute_name(66)
     # Bad names: a clear error alone, an invalid cell in a grid.
     bad = ["mlp+", "+mlp", "mlp++moe", "mlp+full", "moe_act", "mlp + moe", ""]
     for name in bad:
@@ -277,8 +278,15 @@ def test_recompute_names_megatron_core_modules_alone_or_joined() -> None:
     grid = estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([*bad, "moe"]))
     assert grid.valid.tolist() == [False] * len(bad) + [True]
     assert all("Megatron-Core modules" in reason for reason in grid.reasons()[:-1])
-    assert not estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([34])).valid[0]
-    assert list(RECOMPUTE_MODULES) == ["core_attn", "mlp", "layernorm", "moe", "shared_experts"]
+    assert not estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([66])).valid[0]
+    assert list(RECOMPUTE_MODULES) == [
+        "core_attn",
+        "mlp",
+        "layernorm",
+        "moe",
+        "shared_experts",
+        "mla_up_proj",
+    ]
     assert RECOMPUTE_MODES == {"none": 0, "selective": 1, "full": 2}
 
 

@@ -1,7 +1,8 @@
 """``implementation="fused"`` against real Megatron-Core modules, on CPU.
 
 Two-layer ``GPTModel``s of megatron-core, built with its local (no Transformer Engine)
-layer spec (a dense SwiGLU model; a mixture of experts with a softmax router and the
+layer spec (a dense SwiGLU model; one with DeepSeek-V3's multi-latent attention, norms on
+its low-rank paths; a mixture of experts with a softmax router and the
 all-gather token dispatcher; one with DeepSeek-V3's sigmoid router, expert bias,
 group-limited routing, a shared expert and the all-to-all dispatcher; experts run as
 Megatron-Core's ``SequentialMLP``), each train for one step under
@@ -9,8 +10,8 @@ Megatron-Core's ``SequentialMLP``), each train for one step under
 excluded) without recomputation, with Megatron-Core's default selective recomputation
 (``recompute_granularity="selective"``, ``recompute_modules=["core_attn"]``, estimated as
 ``recompute="core_attn"``), with its other modules (``mlp``, ``layernorm``, ``moe``,
-``shared_experts``, alone and together: ``recompute="core_attn+mlp+layernorm"``) and with
-full recomputation. It is cast to bf16 as Megatron's
+``shared_experts``, alone and together: ``recompute="core_attn+mlp+layernorm"``; with
+MLA its ``mla_up_proj`` too) and with full recomputation. It is cast to bf16 as Megatron's
 ``Float16Module`` does, uses the fused SwiGLU (``bias_activation_fusion``) and a softmax
 that keeps its bf16 output only (``attention_softmax_in_fp32=False``, what the fused
 softmax kernels save). The local spec is not Transformer Engine, so the measurement is the
@@ -23,7 +24,7 @@ pre-MLP norm into the MLP: the local spec's ``layernorm`` recomputes norms that 
 Engine's does not, and its ``mlp`` leaves the norm outside; :func:`_layer_norms_extra`
 counts both.
 
-Megatron-Core runs on CPU here with six substitutions, for device placement, RNG
+Megatron-Core runs on CPU here with eight substitutions, for device placement, RNG
 bookkeeping (no dropout runs), CUDA streams and missing optional dependencies:
 ``torch.cuda.current_device()`` (called for buffers, rotary frequencies) returns
 ``"cpu"``, the CUDA RNG state functions of ``megatron.core.tensor_parallel.random`` use the
@@ -33,8 +34,12 @@ token counts is the host itself (a stream whose events are always complete), the
 matmul finds Transformer Engine's GEMM absent (``moe_utils`` refers to ``te_general_gemm``
 without defining it when Transformer Engine is not installed), and the norms'
 output-discarding checkpoint finds FP8 off (it asks Transformer Engine's FP8 state, which
-is undefined without it, whatever the ``fp8`` option). The causal mask is passed
-explicitly (its default is built with ``device="cuda"``).
+is undefined without it, whatever the ``fp8`` option). For MLA: the local core attention
+takes one head size for keys and values, which the test's sizes make equal, and a
+subclass accepts MLA's two; MLA asks whether its output projection is Transformer
+Engine's, which megatron-core cannot answer without it (it imports its Transformer Engine
+extension and finds a None), and is told it is not. The causal mask is passed explicitly
+(its default is built with ``device="cuda"``).
 """
 
 from __future__ import annotations
@@ -58,8 +63,13 @@ with warnings.catch_warnings():
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import random as megatron_random
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import (
+        MLATransformerConfig,
+        TransformerConfig,
+    )
 
 # Hidden, layers, heads, key/value groups, head size, MLP width, vocabulary, batch, length.
 H, L, A, G, D, F, V, B, S = 128, 2, 4, 2, 32, 352, 256, 2, 64
@@ -78,6 +88,8 @@ RECOMPUTE = (
     "moe+layernorm",
     "shared_experts",
 )
+# And for multi-latent attention, its up-projections.
+MLA_RECOMPUTE = ("mla_up_proj", "core_attn+mla_up_proj", "mla_up_proj+layernorm")
 # The width of each expert (routed and shared).
 MF = 96
 
@@ -93,12 +105,36 @@ def _moe(experts: int, top_k: int, dispatcher: str, **router: Any) -> dict[str, 
     }
 
 
+# Multi-latent attention: query and key/value ranks, key sizes without and with rotary
+# positions, value size (qk + rope = v = H / A, the size the local core attention takes).
+QL, KVL, DN, DR, DV = 96, 64, 24, 8, 32
+_MLA = {
+    "q_lora_rank": QL,
+    "kv_lora_rank": KVL,
+    "qk_head_dim": DN,
+    "qk_pos_emb_head_dim": DR,
+    "v_head_dim": DV,
+    "rope_type": "rope",
+}
+
 # Per model: Megatron-Core's TransformerConfig options and the ModelSpec's. The
 # DeepSeek-style router takes 4 of 8 experts from 1 of 2 groups, ranking the groups by
 # their top 4 / 1 scores (DeepSeek-V3's own 8 / 4 = 2 would not tell the count apart from
 # a fixed two).
 MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dense": ({}, {}),
+    # DeepSeek-V3's attention with a dense MLP.
+    "mla": (
+        _MLA,
+        {
+            "num_kv_heads": A,
+            "q_lora_rank": QL,
+            "kv_lora_rank": KVL,
+            "qk_nope_head_dim": DN,
+            "qk_rope_head_dim": DR,
+            "v_head_dim": DV,
+        },
+    ),
     "moe": (
         _moe(4, 2, "allgather"),
         {"num_experts": 4, "top_k": 2, "moe_ffn_size": MF},
@@ -125,6 +161,11 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
     ),
 }
+
+# Every model with every mode, and MLA with its own.
+CASES = [(model, mode) for model in MODELS for mode in RECOMPUTE] + [
+    ("mla", mode) for mode in MLA_RECOMPUTE
+]
 
 # Megatron-Core warns about its own defaults (CUDA graph scopes, missing Transformer
 # Engine, the MLP width taken from the config, recomputation with Transformer Engine).
@@ -180,6 +221,9 @@ def megatron_on_cpu() -> Iterator[None]:
     patch.setattr(token_dispatcher.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", None)
     # The norms' output-discarding checkpoint asks Transformer Engine whether FP8 is on.
     patch.setattr(megatron_random, "FP8GlobalStateManager", _NoFp8, raising=False)
+    # megatron-core imports its Transformer Engine extension without Transformer Engine,
+    # so MLA asks whether its output projection is Transformer Engine's of a None.
+    patch.setattr(multi_latent_attention, "HAVE_TE", False)
     for context in ("activation_recompute_forward", "fp8_autocast"):
         patch.setattr(
             megatron_random, context, lambda **options: contextlib.nullcontext(), raising=False
@@ -200,11 +244,37 @@ def megatron_on_cpu() -> Iterator[None]:
         patch.undo()
 
 
+class _CoreAttention(DotProductAttention):  # type: ignore[misc]
+    """The local core attention, which takes one head size for keys and values (MLA
+    passes the two, equal in this test's sizes)."""
+
+    def __init__(self, *args: Any, k_channels: int = D, v_channels: int = D, **kwargs: Any) -> None:
+        assert k_channels == v_channels == D, (k_channels, v_channels)
+        super().__init__(*args, **kwargs)
+
+
+def _layer_spec(config_options: dict[str, Any]) -> Any:
+    """Megatron-Core's local layer spec for the model (multi-latent attention with norms
+    on its low-rank paths, as DeepSeek-V3)."""
+    if "q_lora_rank" not in config_options:
+        return get_gpt_layer_local_spec(
+            num_experts=config_options.get("num_moe_experts"), normalization="RMSNorm"
+        )
+    spec = get_gpt_layer_local_spec(
+        multi_latent_attention=True, qk_layernorm=True, normalization="RMSNorm"
+    )
+    spec.submodules.self_attention.submodules.core_attention = _CoreAttention
+    return spec
+
+
 def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
     """One bf16 training step of the GPTModel (AdamW on fp32 master weights): the
     profile and the estimate for the same sizes."""
     config_options, spec_options = MODELS[model_name]
     options: dict[str, Any] = {}
+    mla = "q_lora_rank" in config_options
+    if mla:
+        options = dict(config_options)
     if "num_moe_experts" in config_options:
         # Experts balanced by nothing but the router.
         options = {
@@ -224,11 +294,11 @@ def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
             "recompute_method": "uniform",
             "recompute_num_layers": 1,
         }
-    config = TransformerConfig(
+    config = (MLATransformerConfig if mla else TransformerConfig)(
         num_layers=L,
         hidden_size=H,
         num_attention_heads=A,
-        num_query_groups=G,
+        num_query_groups=A if mla else G,
         kv_channels=D,
         ffn_hidden_size=F,
         normalization="RMSNorm",
@@ -249,9 +319,7 @@ def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
     torch.manual_seed(0)
     model = GPTModel(
         config,
-        get_gpt_layer_local_spec(
-            num_experts=config_options.get("num_moe_experts"), normalization="RMSNorm"
-        ),
+        _layer_spec(config_options),
         vocab_size=V,
         max_sequence_length=S,
         position_embedding_type="rope",
@@ -274,14 +342,16 @@ def measure(recompute: str, model_name: str = "dense") -> tuple[Any, Any]:
         optimizer_step=step,
     )
     spec = ModelSpec(
-        hidden_size=H,
-        num_layers=L,
-        num_heads=A,
-        num_kv_heads=G,
-        ffn_size=F,
-        vocab_size=V,
-        implementation="fused",
-        **spec_options,
+        **{
+            "hidden_size": H,
+            "num_layers": L,
+            "num_heads": A,
+            "num_kv_heads": G,
+            "ffn_size": F,
+            "vocab_size": V,
+            "implementation": "fused",
+            **spec_options,
+        }
     )
     estimate = estimate_memory(
         spec,
@@ -302,18 +372,26 @@ def local_spec_extra(recompute: str, model_name: str = "dense") -> dict[str, int
     per_norm = TOKENS * (8 - E) * H
     mask = S * S  # the causal mask (bool), one for all layers
     loss_mask = TOKENS  # the vocabulary-parallel cross-entropy's bool target mask
+    options = MODELS[model_name][0]
+    mla = "q_lora_rank" in options
     if recompute == "full":
         # Only the final norm runs outside a checkpoint; the checkpoints keep the fp32
-        # rotary frequencies (one tensor for all layers).
-        return {"norm": per_norm, "rotary": S * D * 4, "masks": mask + loss_mask}
+        # rotary frequencies (one tensor for all layers; MLA builds them in the layer).
+        rotary = 0 if mla else S * D * 4
+        return {"norm": per_norm, "rotary": rotary, "masks": mask + loss_mask}
     modules = set(recompute.split("+")) - {"none"}
-    options = MODELS[model_name][0]
+    up_recomputed = mla and "mla_up_proj" in modules
     extra = {
-        "norm": per_norm + L * _layer_norms_extra(modules, moe="num_moe_experts" in options),
-        # cos and sin, cast to bf16 for queries and for keys, in every layer.
-        "rotary": L * 4 * S * D * E,
+        "norm": per_norm
+        + L * _layer_norms_extra(modules, moe="num_moe_experts" in options, mla=mla),
+        # cos and sin, cast to bf16 for queries and for keys, in every layer (MLA's over
+        # its rotary dimensions); with its up-projections recomputed, the checkpoint's
+        # fp32 frequencies in every layer instead.
+        "rotary": L * (S * DR * 4 if up_recomputed else 4 * S * (DR if mla else D) * E),
         "masks": mask + loss_mask,
     }
+    if mla:
+        extra["mla_paths"] = L * _mla_paths_extra(up_recomputed)
     if "core_attn" in modules:
         # An int32 scalar per checkpoint of the attention core (what the checkpoints keep
         # is in the estimate: the fused QKV output the core's values keep alive; the other
@@ -322,20 +400,37 @@ def local_spec_extra(recompute: str, model_name: str = "dense") -> dict[str, int
     return extra
 
 
-def _layer_norms_extra(modules: set[str], *, moe: bool) -> int:
+def _mla_paths_extra(up_recomputed: bool) -> int:
+    """The local spec's norms of MLA's two low-rank paths in one layer, against Transformer
+    Engine's, fused into the up-projections.
+
+    The local norms keep more (``8 w + 4`` against ``e w + 4``). With the up-projections
+    recomputed, Transformer Engine's norms go into the checkpoint, which keeps their inputs;
+    the local ones stay outside and keep all their tensors, and the checkpoint their
+    output: for the query ``8 w + 4`` more, for the keys and values also their normalized
+    copy, as Transformer Engine's input is a view of the down-projection's output that the
+    rotary key part keeps alive in both.
+    """
+    if not up_recomputed:
+        return TOKENS * (8 - E) * (QL + KVL)
+    return TOKENS * ((8 * QL + 4) + (8 * KVL + 4 + E * KVL))
+
+
+def _layer_norms_extra(modules: set[str], *, moe: bool, mla: bool) -> int:
     """The local spec's two norms of one layer against Transformer Engine's.
 
     The local spec runs every norm as a module of its own; Transformer Engine fuses the
-    input norm into the QKV projection and, in a dense layer, the pre-MLP norm into the
-    first MLP projection. Where both run a norm alone, or both recompute it, the local one
-    keeps more (``per_norm`` above) or the same; where only the local spec recomputes it
+    input norm into the QKV projection (not with MLA, whose first projections take the
+    norm's output) and, in a dense layer, the pre-MLP norm into the first MLP projection.
+    Where both run a norm alone, or both recompute it, the local one keeps more
+    (``per_norm`` above) or the same; where only the local spec recomputes it
     (``layernorm``), it keeps its input instead of Transformer Engine's input, statistic
     and output (the next projection's input): ``e h + 4`` less. A dense MLP recomputed
     (``mlp``) takes Transformer Engine's fused norm into its checkpoint, not the local one.
     """
     extra = 0
     for pre_mlp in (False, True):
-        fused_in_te = not (pre_mlp and moe)
+        fused_in_te = (pre_mlp and not moe) or (not pre_mlp and not mla)
         in_te_mlp_checkpoint = pre_mlp and not moe and "mlp" in modules
         if "layernorm" in modules:
             if in_te_mlp_checkpoint or not fused_in_te:
@@ -348,8 +443,7 @@ def _layer_norms_extra(modules: set[str], *, moe: bool) -> int:
     return extra
 
 
-@pytest.mark.parametrize("model_name", list(MODELS))
-@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize(("model_name", "recompute"), CASES)
 def test_fused_estimate_against_megatron_core(
     megatron_on_cpu: None, recompute: str, model_name: str
 ) -> None:
@@ -370,15 +464,14 @@ def table() -> str:
         "| unexplained (bytes) |",
         "|---|---|---:|---:|---:|---:|",
     ]
-    for model_name in MODELS:
-        for recompute in RECOMPUTE:
-            measured, estimate = measure(recompute, model_name)
-            extra = sum(local_spec_extra(recompute, model_name).values())
-            left = measured.activations - estimate.saved_activations - extra
-            rows.append(
-                f"| {model_name} | {recompute} | {measured.activations / 1024:,.1f} | "
-                f"{estimate.saved_activations / 1024:,.1f} | {extra / 1024:,.1f} | {left} |"
-            )
+    for model_name, recompute in CASES:
+        measured, estimate = measure(recompute, model_name)
+        extra = sum(local_spec_extra(recompute, model_name).values())
+        left = measured.activations - estimate.saved_activations - extra
+        rows.append(
+            f"| {model_name} | {recompute} | {measured.activations / 1024:,.1f} | "
+            f"{estimate.saved_activations / 1024:,.1f} | {extra / 1024:,.1f} | {left} |"
+        )
     return "\n".join(rows)
 
 

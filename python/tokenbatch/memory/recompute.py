@@ -22,6 +22,7 @@ RECOMPUTE_MODULES: dict[str, int] = {
     "layernorm": 4,
     "moe": 8,
     "shared_experts": 16,
+    "mla_up_proj": 32,
 }
 
 #: The code of the empty set of modules (which is no set: at least one is named).

@@ -16,8 +16,8 @@ on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`), noth
 * **Recomputation**: full recomputation repeats each layer's forward pass, selective the
   attention core's forward; Megatron-Core's modules the forward of each module named
   (``core_attn`` the attention core, ``mlp`` a dense layer's MLP, ``moe`` a MoE layer's
-  experts and its all-to-all exchanges, ``shared_experts`` the shared experts;
-  ``layernorm``, elementwise, is not timed).
+  experts and its all-to-all exchanges, ``shared_experts`` the shared experts,
+  ``mla_up_proj`` MLA's up-projections; ``layernorm``, elementwise, is not timed).
 * **Pipeline** (Narayanan et al. 2021): ``(pp - 1) / vpp`` micro-batch times of bubble per
   step on the slowest stage; each micro-batch sends its activations and receives their
   gradients at each of the ``vpp`` chunk boundaries over the network.
@@ -185,6 +185,18 @@ def step_time(
         return result
 
     core_rebuilt = (recompute == 1) | recomputed("core_attn")
+    # MLA's up-projections: the query's from its low-rank path (or from the hidden state),
+    # the keys' and values' from theirs.
+    query_rank = spec.q_lora_rank or spec.hidden_size
+    up_weights = spec.num_heads * (
+        query_rank * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+        + spec.kv_lora_rank * (spec.qk_nope_head_dim + spec.v_head_dim)
+    )
+    up_cost = np.where(
+        recomputed("mla_up_proj") & spec.is_mla,
+        matmul(np.asarray(float(up_weights)) / tp, tokens) / 3.0,
+        0.0,
+    )
     shared_forward = mlp_forward(float(spec.num_shared_experts * spec.moe_ffn_size))
     if spec.is_moe:
         copies = spec.top_k * (inputs["moe_capacity_factor"] or 1.0)
@@ -204,7 +216,7 @@ def step_time(
     layer_forward = layer / 3.0
     # Selective modes rebuild the attention core (and elementwise activations, whose
     # time is not modelled), Megatron-Core's modules each their own forward pass.
-    core_cost = np.where(core_rebuilt, attention_core / 3.0, 0.0)
+    core_cost = np.where(core_rebuilt, attention_core / 3.0, 0.0) + up_cost
     dense_cost = core_cost + np.where(recomputed("mlp"), mlp_forward(float(spec.ffn_size)), 0.0)
     if spec.is_moe:
         moe_cost = core_cost + np.where(

@@ -81,8 +81,12 @@
 //!   only, and the tensor they produce, which the next modules kept (the projections'
 //!   input, a checkpointed block's input), is freed and rebuilt in backward.
 //!
-//! `moe_act` and `mla_up_proj` (grouped-GEMM experts, multi-latent attention) are not
-//! modelled as modules; `selective` is the closest mode to `moe_act` with `core_attn`.
+//! * `mla_up_proj`: MLA's up-projections (with the rotary embedding and the paths'
+//!   norms, fused into them in Transformer Engine's layer) run under a checkpoint that
+//!   frees q, k and v once the core has run: the paths keep their compressed inputs.
+//!
+//! `moe_act` (grouped-GEMM experts) is not modelled as a module; `selective` is the
+//! closest mode to `core_attn` with it.
 //!
 //! # `korthikanti`
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
@@ -230,8 +234,16 @@ impl<'a> Activations<'a> {
         let dq = s.qk_head_dim() as f64;
         let dv = s.v_dim() as f64;
         let input = if input_kept { c.lin * h / c.rep } else { 0.0 };
-        let query = e * a * dq;
-        let mla_paths = if s.is_mla() { self.mla_paths() } else { 0.0 };
+        // MLA's up-projections recomputed (`mla_up_proj`): q, k and v are a checkpoint's
+        // output, freed once the core has run; the low-rank paths keep its inputs.
+        let up_recomputed = s.is_mla() && self.modules().has(Modules::MLA_UP_PROJ);
+        let qkv_kept = if up_recomputed { 0.0 } else { 1.0 };
+        let query = qkv_kept * e * a * dq;
+        let mla_paths = match (s.is_mla(), up_recomputed) {
+            (false, _) => 0.0,
+            (true, false) => self.mla_paths(),
+            (true, true) => self.mla_checkpoint_inputs(),
+        };
         let projection_input = c.lin * a * dv;
         let core_recomputed = self.core_recomputed();
         if c.eager && !core_recomputed {
@@ -242,20 +254,25 @@ impl<'a> Activations<'a> {
                 e * a * c.key_len
             };
             // Keys and values expanded to every query head; the output copied for `o_proj`.
-            let keys_values = e * a * (dq + dv);
+            let keys_values = qkv_kept * e * a * (dq + dv);
             return input + mla_paths + query + keys_values + probabilities + projection_input;
         }
         // Flash attention's inputs as the kernel gets them, which are also all a recomputed
         // core keeps (eager attention expands keys and values inside the core).
-        let keys_values = if !s.is_mla() {
-            e * c.kv_per_rank * (dq + dv)
-        } else if self.hf {
-            // Keys with the rotary part expanded; values a view of the up-projection's
-            // output (no-position keys and values).
-            e * a * dq + e * a * (s.qk_nope_head_dim as f64 + dv)
-        } else {
-            e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
-        };
+        let keys_values = qkv_kept
+            * if !s.is_mla() {
+                e * c.kv_per_rank * (dq + dv)
+            } else if self.hf {
+                // Keys with the rotary part expanded; values a view of the up-projection's
+                // output (no-position keys and values).
+                e * a * dq + e * a * (s.qk_nope_head_dim as f64 + dv)
+            } else if core_recomputed {
+                // The checkpoint keeps q, k and v only (measured).
+                e * a * (dq + dv)
+            } else {
+                // And the rotary key part, kept apart (not measured: Transformer Engine).
+                e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
+            };
         if core_recomputed {
             // The core's output is rebuilt in backward; `o_proj` keeps its own input.
             return input + mla_paths + query + keys_values + projection_input + self.qkv_view();
@@ -274,8 +291,8 @@ impl<'a> Activations<'a> {
     /// What a checkpointed core keeps beyond q, k and v under Megatron-Core's
     /// `core_attn`: the values it saves are a view of the fused QKV projection's output,
     /// so the queries and keys before rotary stay alive with them. Without rotary
-    /// positions q and k are views of the same output, and MLA builds its own (not
-    /// measured; counted as `selective`). Measured with eager attention: a flash kernel
+    /// positions q and k are views of the same output, and MLA builds its own q, k and v
+    /// (measured: the checkpoint keeps them only). Measured with eager attention: a flash kernel
     /// saving the values as the same view would keep the output without recomputation
     /// too, which is not counted.
     fn qkv_view(&self) -> f64 {
@@ -289,6 +306,16 @@ impl<'a> Activations<'a> {
         }
         let a = s.num_heads as f64 / c.t;
         c.e * (a + c.kv_per_rank) * s.qk_head_dim() as f64
+    }
+
+    /// What MLA's low-rank paths keep when the up-projections are recomputed: the
+    /// checkpoint's inputs, the compressed query and the compressed keys and values, a
+    /// view of the down-projection's output that holds the rotary key part too (the
+    /// norms of the paths, fused into the up-projections, are recomputed with them).
+    fn mla_checkpoint_inputs(&self) -> f64 {
+        let (s, c) = (self.spec, &self.c);
+        let kv = (s.kv_lora_rank + s.qk_rope_head_dim) as f64;
+        c.e * (s.q_lora_rank as f64 + kv) / c.rep
     }
 
     /// MLA's low-rank query and key/value paths: a norm and the up-projection's input each.

@@ -70,8 +70,10 @@ impl Modules {
     pub const MOE: u8 = 8;
     /// The shared experts of a MoE layer (`shared_experts`).
     pub const SHARED_EXPERTS: u8 = 16;
+    /// MLA's up-projections (`mla_up_proj`).
+    pub const MLA_UP_PROJ: u8 = 32;
     /// The bits of every module.
-    pub const ALL: u8 = 31;
+    pub const ALL: u8 = 63;
 
     /// No module.
     pub const NONE: Modules = Modules(0);
@@ -400,7 +402,7 @@ impl Invalid {
             Invalid::SequenceParallel => "sequence_parallel must be a boolean",
             Invalid::Recompute => {
                 "recompute must be 'none', 'selective', 'full' or Megatron-Core modules joined \
-                 with '+' ('core_attn', 'mlp', 'layernorm', 'moe', 'shared_experts')"
+                 with '+' ('core_attn', 'mlp', 'layernorm', 'moe', 'shared_experts', 'mla_up_proj')"
             }
             Invalid::GradAccumSteps => {
                 "grad_accum_steps must be a non-negative integer (0 or None: fills the pipeline)"

@@ -494,6 +494,25 @@ fn megatron_modules_keep_the_inputs_of_their_checkpoints() {
         none(&ds).act_mlp - at(&ds, Modules::SHARED_EXPERTS).act_mlp,
         ds_tokens * 4.0 * 2.0 * 2048.0
     );
+    // `mla_up_proj`: q, k, v and the rotary key part freed; each low-rank path keeps its
+    // compressed input (the keys' and values' a view of the down projection's output,
+    // rotary part included) instead of its norm and the up-projection's input.
+    let (ql, kvl, rope, a, dq, dv) = (1536.0, 512.0, 64.0, 128.0, 192.0, 128.0);
+    let up = at(&ds, Modules::MLA_UP_PROJ);
+    let freed = (2.0 * 2.0 * ql + 4.0)
+        + (2.0 * 2.0 * kvl + 4.0)
+        + 2.0 * a * dq
+        + 2.0 * a * (dq + dv)
+        + 2.0 * rope
+        - 2.0 * ql
+        - 2.0 * (kvl + rope);
+    assert_eq!(
+        none(&ds).act_attention - up.act_attention,
+        61.0 * tokens * freed
+    );
+    assert_eq!(up.act_mlp, none(&ds).act_mlp);
+    // A model without MLA has no such projections.
+    assert_eq!(at(&fused, Modules::MLA_UP_PROJ), plain);
 }
 
 #[test]
@@ -513,7 +532,7 @@ fn invalid_configurations_report_a_reason() {
     check(Layout { zero: 4.0, ..base }, Invalid::Zero);
     check(
         Layout {
-            recompute: 34.0,
+            recompute: 66.0,
             ..base
         },
         Invalid::Recompute,
@@ -814,7 +833,7 @@ fn arb_layout() -> impl Strategy<Value = Layout> {
         prop::sample::select(vec![1.0, 2.0, 4.0]),
         0u32..4,
         // Every code: the plain modes and the sets of Megatron-Core modules.
-        0u32..34,
+        0u32..66,
         0u32..2,
         0u32..2,
     )
@@ -881,6 +900,7 @@ proptest! {
         layout in arb_layout(),
         module in prop::sample::select(vec![
             Modules::MLP, Modules::LAYERNORM, Modules::MOE, Modules::SHARED_EXPERTS,
+            Modules::MLA_UP_PROJ,
         ]),
         hf in any::<bool>(),
     ) {
@@ -1296,7 +1316,7 @@ proptest! {
                 f64::NEG_INFINITY, f64::NAN, f64::MIN_POSITIVE, 4503599627370495.5,
             ]),
             any::<f64>(),
-            (0u64..40).prop_map(|n| n as f64),
+            (0u64..70).prop_map(|n| n as f64),
         ],
     ) {
         // The branch-free checks, against their definitions.
@@ -1304,8 +1324,8 @@ proptest! {
         let expected = match field {
             0..=7 => whole && x >= 1.0,
             8 => whole && (0.0..=3.0).contains(&x),
-            // 0 to 2 the plain modes, 3 to 33 the sets of Megatron-Core modules.
-            10 => whole && (0.0..=33.0).contains(&x),
+            // 0 to 2 the plain modes, 3 to 65 the sets of Megatron-Core modules.
+            10 => whole && (0.0..=65.0).contains(&x),
             9 | 19 | 20 | 21 | 28 | 29 => x == 0.0 || x == 1.0,
             27 => x == 0.0 || x == 1.0 || x == 2.0,
             11 | 23 | 24 => whole && x >= 0.0,
