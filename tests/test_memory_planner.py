@@ -7,7 +7,7 @@ Published runs (inputs are what the papers state; the model is not told the answ
   moments in BF16, one multi-token-prediction module, DualPipe overlapping the all-to-all
   with computation, node-limited routing with deduplicated dispatch; trained with 16-way
   pipeline, 64-way expert parallelism over 8 nodes and ZeRO-1 data parallelism, no tensor
-  parallelism.
+  parallelism, recomputing the RMSNorms and the MLA up-projections in backward (3.2.3).
 * Llama 3.1 405B (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.2 and
   table 4): 16,384 H100 GPUs, 16M tokens per step; TP8 x CP1 x PP16 x DP128 at 8,192
   tokens, TP8 x CP16 x PP16 x DP8 at 131,072 tokens; all-gather context parallelism, FP32
@@ -57,6 +57,25 @@ def test_deepseek_v3_published_layout_ranks_in_the_top_five() -> None:
     # 64-way expert parallelism pay: without them it drops out of the top five.
     plain = _deepseek_plan(overlap_ep_comm=False, deduplicated_dispatch=False, top=5)
     assert not any((x.pp, x.ep) == (16, 64) for x in plain)
+
+
+def test_deepseek_v3_with_its_own_recomputation_ranks_the_published_layout_first() -> None:
+    # DeepSeek-V3 recomputes its RMSNorms and MLA up-projections in backward (section
+    # 3.2.3), Megatron-Core's `layernorm` and `mla_up_proj`: offered that mode, the planner
+    # ranks the published layout itself first, DP128 x PP16 x EP64, ZeRO-1, no TP, no CP.
+    layouts = _deepseek_plan(recompute=["none", "layernorm+mla_up_proj", "selective", "full"])
+    first = layouts[0]
+    assert (first.dp, first.tp, first.pp, first.cp, first.ep, first.zero) == (
+        128,
+        1,
+        16,
+        1,
+        64,
+        1,
+    )
+    assert first.recompute == "layernorm+mla_up_proj"
+    # Within the 90% of an H800's 79.6 GiB that the planner fills.
+    assert first.memory <= 0.9 * HARDWARE["h800"].memory
 
 
 def _llama_plan(seq_len: int) -> list[PlannedLayout]:
