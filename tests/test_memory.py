@@ -262,23 +262,23 @@ def test_recompute_names_megatron_core_modules_alone_or_joined() -> None:
         grid = estimate_memory_grid(mixtral, seq_len=4096, recompute=column)
         assert grid.total.tolist() == [x.total for x in alone]
     # Each module's name, every set's canonical name, and back.
-    for code in range(66):
+    for code in range(130):
         name = recompute_name(code)
         assert estimate_memory(mixtral, seq_len=4096, recompute=name).inputs["recompute"] == code
     assert recompute_name(3) == "core_attn"
     assert recompute_name(2 + 31) == "core_attn+mlp+layernorm+moe+shared_experts"
     assert recompute_name(2 + 32 + 1) == "core_attn+mla_up_proj"
-    with pytest.raises(ValueError, match="no recompute mode has code 66"):
-        recompute_name(66)
+    with pytest.raises(ValueError, match="no recompute mode has code 130"):
+        recompute_name(130)
     # Bad names: a clear error alone, an invalid cell in a grid.
-    bad = ["mlp+", "+mlp", "mlp++moe", "mlp+full", "moe_act", "mlp + moe", ""]
+    bad = ["mlp+", "+mlp", "mlp++moe", "mlp+full", "moe_acts", "mlp + moe", ""]
     for name in bad:
         with pytest.raises(InvalidValueError, match=r"Megatron-Core modules .* joined with '\+'"):
             estimate_memory(mixtral, seq_len=4096, recompute=name)
     grid = estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([*bad, "moe"]))
     assert grid.valid.tolist() == [False] * len(bad) + [True]
     assert all("Megatron-Core modules" in reason for reason in grid.reasons()[:-1])
-    assert not estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([66])).valid[0]
+    assert not estimate_memory_grid(mixtral, seq_len=4096, recompute=np.array([130])).valid[0]
     assert list(RECOMPUTE_MODULES) == [
         "core_attn",
         "mlp",
@@ -286,6 +286,7 @@ def test_recompute_names_megatron_core_modules_alone_or_joined() -> None:
         "moe",
         "shared_experts",
         "mla_up_proj",
+        "moe_act",
     ]
     assert RECOMPUTE_MODES == {"none": 0, "selective": 1, "full": 2}
 
@@ -836,8 +837,8 @@ def test_cli_recompute_modes(capsys: pytest.CaptureFixture[str]) -> None:
     modes = {layout["recompute"] for layout in json.loads(capsys.readouterr().out)}
     assert modes == {"core_attn+mlp", "full"}
     with pytest.raises(SystemExit):
-        main(["memory", "llama-3.1-8b", "--recompute", "mlp+moe_act"])
-    assert "unknown recomputation mode 'mlp+moe_act'" in capsys.readouterr().err
+        main(["memory", "llama-3.1-8b", "--recompute", "mlp+moe_acts"])
+    assert "unknown recomputation mode 'mlp+moe_acts'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -444,7 +444,7 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     ``"full"``; or Megatron-Core's ``recompute_modules`` joined with ``"+"`` in any order:
     ``"core_attn"``, the attention core only, its default selective recomputation and the
     same as ``"selective"`` for ``"hf"``, ``"mlp"``, ``"layernorm"``, ``"moe"``,
-    ``"shared_experts"``, ``"mla_up_proj"``, e.g. ``"core_attn+mlp"``; see
+    ``"shared_experts"``, ``"mla_up_proj"``, ``"moe_act"``, e.g. ``"core_attn+mlp"``; see
     :data:`RECOMPUTE_MODULES`),
     ``grad_accum_steps=None`` (micro-batches per step; None fills the pipeline),
     ``optimizer="adamw"`` (see :data:`OPTIMIZER_STATES`), ``param_dtype="bf16"``

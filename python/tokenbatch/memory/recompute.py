@@ -23,6 +23,7 @@ RECOMPUTE_MODULES: dict[str, int] = {
     "moe": 8,
     "shared_experts": 16,
     "mla_up_proj": 32,
+    "moe_act": 64,
 }
 
 #: The code of the empty set of modules (which is no set: at least one is named).

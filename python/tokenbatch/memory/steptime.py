@@ -17,7 +17,8 @@ on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`), noth
   attention core's forward; Megatron-Core's modules the forward of each module named
   (``core_attn`` the attention core, ``mlp`` a dense layer's MLP, ``moe`` a MoE layer's
   experts and its all-to-all exchanges, ``shared_experts`` the shared experts,
-  ``mla_up_proj`` MLA's up-projections; ``layernorm``, elementwise, is not timed).
+  ``mla_up_proj`` MLA's up-projections; ``layernorm`` and ``moe_act``, elementwise, are
+  not timed).
 * **Pipeline** (Narayanan et al. 2021): ``(pp - 1) / vpp`` micro-batch times of bubble per
   step on the slowest stage; each micro-batch sends its activations and receives their
   gradients at each of the ``vpp`` chunk boundaries over the network.

@@ -55,8 +55,8 @@
 //!   its input, gate and up, and rebuilds the activation and the product the second
 //!   projection reads, in experts (as Megatron-Core's `moe_act` does for grouped-GEMM
 //!   experts) and dense MLPs alike; q, k and v are separate tensors. Megatron-Core's
-//!   `["core_attn", "moe_act"]` keeps more: the fused QKV output, as `core_attn` does,
-//!   and a dense MLP's activation.
+//!   `["core_attn", "moe_act"]` (`core_attn+moe_act`) keeps more: the fused QKV output,
+//!   as `core_attn` does, and a dense MLP's activation.
 //! * `core_attn` is Megatron-Core's default (`recompute_modules=["core_attn"]`), as
 //!   measured in tests/test_memory_megatron_core.py: the MLP keeps all its tensors, and
 //!   with rotary positions the checkpoint's values are a view of the fused QKV output,
@@ -85,8 +85,9 @@
 //!   norms, fused into them in Transformer Engine's layer) run under a checkpoint that
 //!   frees q, k and v once the core has run: the paths keep their compressed inputs.
 //!
-//! `moe_act` (grouped-GEMM experts) is not modelled as a module; `selective` is the
-//! closest mode to `core_attn` with it.
+//! * `moe_act`: the routed experts' activation function is rebuilt from their first
+//!   projection's output, as `selective` rebuilds every MLP's (not measured: Megatron-Core
+//!   runs it for grouped-GEMM experts only, which need CUDA).
 //!
 //! # `korthikanti`
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
@@ -210,9 +211,11 @@ impl<'a> Activations<'a> {
     /// The inner activations of an MLP of width `ffn` (whole, not per rank): for SwiGLU
     /// gate and up, and unless recomputed silu(gate) (not kept with `fused_swiglu`) and the
     /// product, the down projection's input; for GeLU fc1's output and the GeLU output.
-    fn mlp_inner(&self, ffn: f64) -> f64 {
+    /// `routed`: the routed experts', whose activation `moe_act` also recomputes.
+    fn mlp_inner(&self, ffn: f64, routed: bool) -> f64 {
         let c = &self.c;
-        let recomputed = self.activation_recomputed();
+        let recomputed =
+            self.activation_recomputed() || (routed && self.modules().has(Modules::MOE_ACT));
         let (kept, down_input) = match (self.spec.ffn_type, recomputed, c.fused_swiglu) {
             (FfnType::SwiGlu, true, _) => (2.0, false),
             (FfnType::SwiGlu, false, true) => (2.0, true),
@@ -341,7 +344,7 @@ impl<'a> Activations<'a> {
         let kept = if input_kept { 1.0 } else { 0.0 };
         if !moe {
             return (
-                kept * c.lin * h / c.rep + self.mlp_inner(s.ffn_size as f64),
+                kept * c.lin * h / c.rep + self.mlp_inner(s.ffn_size as f64, false),
                 0.0,
             );
         }
@@ -353,7 +356,7 @@ impl<'a> Activations<'a> {
         let shared = if self.modules().has(Modules::SHARED_EXPERTS) {
             0.0
         } else {
-            self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64)
+            self.mlp_inner(s.num_shared_experts as f64 * s.moe_ffn_size as f64, false)
         };
         if !self.hf {
             return (self.fused_moe(input, shared), 0.0);
@@ -388,7 +391,9 @@ impl<'a> Activations<'a> {
         // Per routed copy: the gathered input, the expert's inner activations, the expert
         // output and fp32 weight of the weighted sum, three int64 indices of the sort.
         let routed = c.copies
-            * ((c.lin + e) * h / c.rep + self.mlp_inner(s.moe_ffn_size as f64) + 28.0 / c.rep);
+            * ((c.lin + e) * h / c.rep
+                + self.mlp_inner(s.moe_ffn_size as f64, true)
+                + 28.0 / c.rep);
         let per_token = if keeps_input { input } else { 0.0 } + router / c.rep + routed + shared;
         (per_token, router_weight)
     }
@@ -424,7 +429,7 @@ impl<'a> Activations<'a> {
             common + 4.0 * k
         };
         let routed = c.copies
-            * (c.lin * h / c.rep + self.mlp_inner(s.moe_ffn_size as f64) + (e + 8.0) / c.rep);
+            * (c.lin * h / c.rep + self.mlp_inner(s.moe_ffn_size as f64, true) + (e + 8.0) / c.rep);
         input + router / c.rep + routed + shared
     }
 

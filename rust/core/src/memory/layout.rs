@@ -72,8 +72,10 @@ impl Modules {
     pub const SHARED_EXPERTS: u8 = 16;
     /// MLA's up-projections (`mla_up_proj`).
     pub const MLA_UP_PROJ: u8 = 32;
+    /// The routed experts' activation function (`moe_act`).
+    pub const MOE_ACT: u8 = 64;
     /// The bits of every module.
-    pub const ALL: u8 = 63;
+    pub const ALL: u8 = 127;
 
     /// No module.
     pub const NONE: Modules = Modules(0);
@@ -402,7 +404,8 @@ impl Invalid {
             Invalid::SequenceParallel => "sequence_parallel must be a boolean",
             Invalid::Recompute => {
                 "recompute must be 'none', 'selective', 'full' or Megatron-Core modules joined \
-                 with '+' ('core_attn', 'mlp', 'layernorm', 'moe', 'shared_experts', 'mla_up_proj')"
+                 with '+' ('core_attn', 'mlp', 'layernorm', 'moe', 'shared_experts', \
+                 'mla_up_proj', 'moe_act')"
             }
             Invalid::GradAccumSteps => {
                 "grad_accum_steps must be a non-negative integer (0 or None: fills the pipeline)"

@@ -513,6 +513,27 @@ fn megatron_modules_keep_the_inputs_of_their_checkpoints() {
     assert_eq!(up.act_mlp, none(&ds).act_mlp);
     // A model without MLA has no such projections.
     assert_eq!(at(&fused, Modules::MLA_UP_PROJ), plain);
+    // `moe_act`: each routed copy rebuilds silu(gate) and the product (2 x 14336 bytes
+    // each) from gate and up, as `selective` does; a dense MLP keeps its own.
+    let act = at(&mx, Modules::MOE_ACT);
+    assert_eq!(
+        mx_plain.act_mlp - act.act_mlp,
+        per_layer_token * 2.0 * 2.0 * 2.0 * 14336.0
+    );
+    assert_eq!(at(&fused, Modules::MOE_ACT), plain);
+    // With `core_attn`, the routed experts keep what `selective` keeps.
+    let selective = one(
+        &mx,
+        &Layout {
+            seq_len: tokens,
+            recompute: 1.0,
+            ..Layout::default()
+        },
+    );
+    assert_eq!(
+        at(&mx, Modules::CORE_ATTN | Modules::MOE_ACT).act_mlp,
+        selective.act_mlp
+    );
 }
 
 #[test]
@@ -532,7 +553,7 @@ fn invalid_configurations_report_a_reason() {
     check(Layout { zero: 4.0, ..base }, Invalid::Zero);
     check(
         Layout {
-            recompute: 66.0,
+            recompute: 130.0,
             ..base
         },
         Invalid::Recompute,
@@ -833,7 +854,7 @@ fn arb_layout() -> impl Strategy<Value = Layout> {
         prop::sample::select(vec![1.0, 2.0, 4.0]),
         0u32..4,
         // Every code: the plain modes and the sets of Megatron-Core modules.
-        0u32..66,
+        0u32..130,
         0u32..2,
         0u32..2,
     )
@@ -900,7 +921,7 @@ proptest! {
         layout in arb_layout(),
         module in prop::sample::select(vec![
             Modules::MLP, Modules::LAYERNORM, Modules::MOE, Modules::SHARED_EXPERTS,
-            Modules::MLA_UP_PROJ,
+            Modules::MLA_UP_PROJ, Modules::MOE_ACT,
         ]),
         hf in any::<bool>(),
     ) {
@@ -1316,7 +1337,7 @@ proptest! {
                 f64::NEG_INFINITY, f64::NAN, f64::MIN_POSITIVE, 4503599627370495.5,
             ]),
             any::<f64>(),
-            (0u64..70).prop_map(|n| n as f64),
+            (0u64..135).prop_map(|n| n as f64),
         ],
     ) {
         // The branch-free checks, against their definitions.
@@ -1324,8 +1345,8 @@ proptest! {
         let expected = match field {
             0..=7 => whole && x >= 1.0,
             8 => whole && (0.0..=3.0).contains(&x),
-            // 0 to 2 the plain modes, 3 to 65 the sets of Megatron-Core modules.
-            10 => whole && (0.0..=65.0).contains(&x),
+            // 0 to 2 the plain modes, 3 to 129 the sets of Megatron-Core modules.
+            10 => whole && (0.0..=129.0).contains(&x),
             9 | 19 | 20 | 21 | 28 | 29 => x == 0.0 || x == 1.0,
             27 => x == 0.0 || x == 1.0 || x == 2.0,
             11 | 23 | 24 => whole && x >= 0.0,
