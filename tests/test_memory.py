@@ -28,7 +28,7 @@ from tokenbatch import (
 )
 from tokenbatch.cli import main
 from tokenbatch.memory import RECOMPUTE_MODES, RECOMPUTE_MODULES, estimate_memory_stages
-from tokenbatch.memory.recompute import recompute_name
+from tokenbatch.memory.recompute import RecomputeNames, recompute_name
 
 GIB = 1024**3
 LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
@@ -289,6 +289,29 @@ def test_recompute_names_megatron_core_modules_alone_or_joined() -> None:
         "moe_act",
     ]
     assert RECOMPUTE_MODES == {"none": 0, "selective": 1, "full": 2}
+
+
+_PIECES = [*RECOMPUTE_MODULES, *RECOMPUTE_MODES, "MLP", "Moe_Act", "", " mlp", "\u212aernel"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=4))
+def test_recompute_sets_match_in_the_core_as_in_python(pieces: list[str]) -> None:
+    # A string column is matched in Rust, a scalar in Python: the same code (or the same
+    # refusal) for any pieces joined with "+", in any case, with unknown and empty ones.
+    name = "+".join(pieces)
+    column = np.array([name, "none"])
+    rows = column.reshape(-1).view(np.uint32).reshape(column.size, -1)
+    table = RecomputeNames()
+    in_core = tokenbatch._core.memory_name_codes(
+        rows, list(table), [float(code) for code in table.values()], table.sets
+    )
+    in_python = table.get(name.lower())
+    if in_python is None:
+        assert math.isnan(in_core[0]), name
+    else:
+        assert in_core[0] == in_python, name
+    assert in_core[1] == 0.0
 
 
 def test_named_options_in_grids_match_as_python_lowercases_them() -> None:
