@@ -98,6 +98,27 @@ def test_an_unpickled_packing_without_a_budget_is_refused() -> None:
         tb.Packing._from_parts(offsets, empty, empty, empty, empty, [0] * 7, 0, 0, "packed", 0)
 
 
+def test_an_unpickled_packing_with_a_bin_over_its_budget_is_refused() -> None:
+    """Segments that each fit the budget but not together passed validation, and a plan
+    dealt the bin over the budget."""
+    packing = tb.pack(np.array([5, 9, 3]), 16)
+    parts = packing.__reduce__()[1]
+    # Sequences 0 and 1 (5 + 9 tokens) in one bin of a 12-token budget.
+    budget = list(parts)
+    budget[6] = 12
+    with pytest.raises(
+        tb.InvalidValueError, match="bin 0 holds 14 tokens, more than max_tokens=12"
+    ):
+        tb.Packing._from_parts(
+            np.array([0, 2], dtype=np.int64),
+            np.array([0, 1], dtype=np.int64),
+            np.zeros(2, dtype=np.int64),
+            np.array([5, 9], dtype=np.int64),
+            np.array([14], dtype=np.int64),
+            *budget[5:],
+        )
+
+
 def test_an_unpickled_packing_that_places_a_token_twice_is_refused() -> None:
     """Two segments over the same tokens passed validation, and a plan dealt them twice."""
     packing = tb.pack(np.array([5, 9, 3]), 16)

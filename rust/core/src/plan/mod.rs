@@ -102,7 +102,8 @@ impl Bins {
     }
 
     /// Check that the arrays form a packing (for bins rebuilt from outside, e.g. unpickled):
-    /// offsets from 0 to the segment count, never decreasing; segments of known sequences.
+    /// offsets from 0 to the segment count, never decreasing; segments of known sequences,
+    /// each token placed once; no bin over the budget.
     pub fn validate(&self) -> Result<()> {
         if self.max_tokens == 0 {
             return Err(Error::invalid("max_tokens must be at least 1, got 0"));
@@ -137,6 +138,20 @@ impl Bins {
                 "segment {j} (index {}, start {}, length {}) is not a segment of one of \
                  {} sequences within max_tokens={}",
                 p.indices[j], p.starts[j], p.lengths[j], self.n_seqs, self.max_tokens
+            )));
+        }
+        // Each segment fits the budget, and so must each bin (padding only adds to it).
+        let over_budget = p.bin_offsets.windows(2).enumerate().find_map(|(bin, w)| {
+            let tokens: u128 = p.lengths[w[0] as usize..w[1] as usize]
+                .iter()
+                .map(|&l| l as u128)
+                .sum();
+            (tokens > u128::from(self.max_tokens)).then_some((bin, tokens))
+        });
+        if let Some((bin, tokens)) = over_budget {
+            return Err(Error::invalid(format!(
+                "bin {bin} holds {tokens} tokens, more than max_tokens={}",
+                self.max_tokens
             )));
         }
         if let Some((a, b)) = overlapping_segments(p, self.n_seqs) {

@@ -530,3 +530,44 @@ fn bins_whose_segments_share_a_token_are_refused() {
         .validate()
         .unwrap();
 }
+
+#[test]
+fn rebuilt_bins_over_their_budget_are_refused() {
+    // Rebuilt bins (an unpickled packing) whose segments each fit the budget but not
+    // together passed validation, and a plan dealt a bin over it. Found by the `planner`
+    // fuzz target: three segments of 73, 73 and 34,952 tokens in one bin of 34,952.
+    let bins = |lengths: Vec<i64>| Bins {
+        packing: Packing {
+            bin_offsets: vec![0, 3],
+            indices: vec![73, 61, 73],
+            starts: vec![0, 73, 136].into(),
+            lengths,
+            bin_tokens: vec![0],
+            counts: crate::packing::PolicyCounts::default(),
+            segment_cost: 0,
+        },
+        max_tokens: 34_952,
+        n_seqs: 136,
+        kind: PackingKind::Packed,
+        lower_bound: 0,
+    };
+    let error = bins(vec![73, 73, 34_952])
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("bin 0 holds 35098 tokens, more than max_tokens=34952"),
+        "{error}"
+    );
+    // Exactly the budget is fine, and so are huge lengths that overflow a sum in i64.
+    bins(vec![73, 73, 34_806]).validate().unwrap();
+    let huge = Bins {
+        max_tokens: i64::MAX as u64,
+        ..bins(vec![i64::MAX, i64::MAX, 0])
+    };
+    assert!(huge
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("more than"));
+}
