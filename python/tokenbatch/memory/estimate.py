@@ -135,7 +135,7 @@ def _lookup(name: str, value: Any, table: Mapping[str, int], *, strict: bool) ->
     array = np.asarray(value)
     if array.dtype.kind not in _TEXT_KINDS:
         return _numeric(name, array)
-    choices = getattr(table, "choices", None) or ", ".join(sorted(set(table)))
+    choices = table.choices if isinstance(table, RecomputeNames) else ", ".join(sorted(set(table)))
     if array.ndim == 0:
         code = table.get(str(array.astype(str).item()).lower(), math.nan)
         if strict and math.isnan(code):

@@ -217,10 +217,12 @@ def step_time(
     layer_forward = layer / 3.0
     # Selective modes rebuild the attention core (and elementwise activations, whose
     # time is not modelled), Megatron-Core's modules each their own forward pass.
-    core_cost = np.where(core_rebuilt, attention_core / 3.0, 0.0) + up_cost
-    dense_cost = core_cost + np.where(recomputed("mlp"), mlp_forward(float(spec.ffn_size)), 0.0)
+    attention_cost = np.where(core_rebuilt, attention_core / 3.0, 0.0) + up_cost
+    dense_cost = attention_cost + np.where(
+        recomputed("mlp"), mlp_forward(float(spec.ffn_size)), 0.0
+    )
     if spec.is_moe:
-        moe_cost = core_cost + np.where(
+        moe_cost = attention_cost + np.where(
             recomputed("moe"),
             experts / 3.0 + shared_forward,
             np.where(recomputed("shared_experts"), shared_forward, 0.0),
