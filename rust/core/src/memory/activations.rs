@@ -273,8 +273,9 @@ impl<'a> Activations<'a> {
                 // The checkpoint keeps q, k and v only (measured).
                 e * a * (dq + dv)
             } else {
-                // And the rotary key part, kept apart (not measured: Transformer Engine).
-                e * a * (dq + dv) + e * s.qk_rope_head_dim as f64 / c.rep
+                // And the rotary key part, kept apart (not measured: Transformer Engine),
+                // of the whole sequence, as MLA gathers it.
+                e * a * (dq + dv) + e * s.qk_rope_head_dim as f64
             };
         if core_recomputed {
             // The core's output is rebuilt in backward; `o_proj` keeps its own input.
@@ -318,7 +319,20 @@ impl<'a> Activations<'a> {
     fn mla_checkpoint_inputs(&self) -> f64 {
         let (s, c) = (self.spec, &self.c);
         let kv = (s.kv_lora_rank + s.qk_rope_head_dim) as f64;
-        c.e * (s.q_lora_rank as f64 + kv) / c.rep
+        c.e * (s.q_lora_rank as f64 + kv) / c.rep + self.gathered_rotary_key()
+    }
+
+    /// Under sequence parallelism MLA gathers the rotary key part of its rank's part of
+    /// the sequence into one of the whole sequence (a copy, where without it the part is a
+    /// view of the down-projection's output), per token (measured under `mla_up_proj`,
+    /// which keeps it).
+    fn gathered_rotary_key(&self) -> f64 {
+        let c = &self.c;
+        if c.rep > 1.0 {
+            c.e * self.spec.qk_rope_head_dim as f64
+        } else {
+            0.0
+        }
     }
 
     /// MLA's low-rank query and key/value paths: a norm and the up-projection's input each.
@@ -428,8 +442,14 @@ impl<'a> Activations<'a> {
             // Softmax over the top-k scores, in fp32.
             common + 4.0 * k
         };
-        let routed = c.copies
-            * (c.lin * h / c.rep + self.mlp_inner(s.moe_ffn_size as f64, true) + (e + 8.0) / c.rep);
+        // The experts are split over the tensor-parallel ranks (Megatron-Core's default
+        // expert tensor parallelism), each of which runs every routed copy of the group's
+        // tokens: the dispatcher gathers the copies over the group, so their input and
+        // weight are not divided by sequence parallelism; the sort's index is taken
+        // before the gather (the all-to-all dispatcher; measured in
+        // tests/runs/megatron_parallel.py).
+        let routed =
+            c.copies * (c.lin * h + self.mlp_inner(s.moe_ffn_size as f64, true) + e + 8.0 / c.rep);
         input + router / c.rep + routed + shared
     }
 

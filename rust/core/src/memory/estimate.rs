@@ -45,7 +45,7 @@ use crate::memory::activations::{rotary_tables, ActCtx, Activations, CpComm, Lay
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute, MAX_RECOMPUTE_CODE};
 use crate::memory::memo::Memo;
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
-use crate::memory::spec::{LayerParams, ModelSpec};
+use crate::memory::spec::{Implementation, LayerParams, ModelSpec};
 
 /// Names of the output columns, in [`Breakdown::to_values`] order.
 pub const OUTPUT_FIELDS: [&str; 18] = [
@@ -835,19 +835,30 @@ impl Terms {
                 working_moe = layer(true);
             }
         }
-        let embedding_per_token = if korthikanti { h / c.rep } else { 8.0 };
+        // Megatron's vocabulary-parallel modules keep a bool mask per token: the embedding
+        // of the ids outside its rank's part of the vocabulary (`tp > 1`), the loss of the
+        // labels outside it (measured in tests/runs/megatron_cpu.py).
+        let megatron = spec.implementation == Implementation::Fused;
+        let embedding_per_token = if korthikanti {
+            h / c.rep
+        } else if megatron && t > 1.0 {
+            9.0
+        } else {
+            8.0
+        };
         // Kept unless full recomputation rebuilds them ([`Config::new`] leaves them out then).
         let rotary = if korthikanti {
             None
         } else {
             acts.rotary_table_widths()
         };
-        // The loss keeps the logits (`logits_bytes`, vocabulary-parallel) and the labels; a
-        // fused cross-entropy keeps only an fp32 log-sum-exp per token.
+        // The loss keeps the logits (`logits_bytes`, vocabulary-parallel), the labels and
+        // (Megatron) the labels' mask; a fused cross-entropy keeps only an fp32 log-sum-exp
+        // per token and the labels.
         let loss_per_token = if k.loss == 1.0 {
             4.0
         } else {
-            k.logits_bytes * spec.vocab_size as f64 / t
+            k.logits_bytes * spec.vocab_size as f64 / t + f64::from(u8::from(megatron))
         } + 8.0;
         // A multi-token-prediction module: two norms, the projection's input (2h), a layer
         // like the last, and its own head and loss.

@@ -245,7 +245,8 @@ fn pipeline_stage_holds_its_layers_and_in_flight_micro_batches() {
 #[test]
 fn modern_layer_counts_every_saved_tensor() {
     // Llama-3-8B, one token: norms 2 (2h + 4), qkv input 2h, q 2h, k and v 2 x 2 x 1024,
-    // output 2h, lse 4a, MLP input 2h, SwiGLU 4 x 2f.
+    // output 2h, lse 4a, MLP input 2h, SwiGLU 4 x 2f; the loss the fp32 logits, the labels
+    // and Megatron's mask of the labels outside the rank's part of the vocabulary.
     let spec = llama_8b();
     let b = one(
         &spec,
@@ -261,8 +262,18 @@ fn modern_layer_counts_every_saved_tensor() {
         32.0 * (2.0 * h + 2.0 * h + 4.0 * 1024.0 + 2.0 * h + 128.0)
     );
     assert_eq!(b.act_mlp, 32.0 * (2.0 * h + 8.0 * 14336.0));
-    assert_eq!(b.act_logits, 4.0 * h + 4.0 + 4.0 * 128_256.0 + 8.0);
+    assert_eq!(b.act_logits, 4.0 * h + 4.0 + 4.0 * 128_256.0 + 8.0 + 1.0);
     assert_eq!(b.act_embedding, 8.0);
+    // Tensor-parallel, the embedding keeps its mask of the ids outside the rank's part.
+    let tp = one(
+        &spec,
+        &Layout {
+            seq_len: 1.0,
+            tp: 2.0,
+            ..Layout::default()
+        },
+    );
+    assert_eq!(tp.act_embedding, 9.0);
 }
 
 #[test]
@@ -281,7 +292,8 @@ fn hf_norms_keep_an_fp32_copy_of_their_input() {
     let (f, h) = (one(&fused, &layout), one(&hf, &layout));
     let width = 4096.0;
     assert_eq!(h.act_norm - f.act_norm, 32.0 * 2.0 * 4.0 * width);
-    assert_eq!(h.act_logits - f.act_logits, 4.0 * width);
+    // (and not Megatron's mask of the labels)
+    assert_eq!(h.act_logits - f.act_logits, 4.0 * width - 1.0);
     assert_eq!(h.act_mlp, f.act_mlp);
     // The cos and sin tables of every position: 2 x 128 head dims x 2 bytes.
     assert_eq!(h.act_attention - f.act_attention, 2.0 * 128.0 * 2.0);
@@ -697,7 +709,7 @@ fn fused_loss_fp8_and_optimizer_offload() {
     let fused_loss = one(&spec, &Layout { loss: 1.0, ..base });
     assert_eq!(
         plain.act_logits - fused_loss.act_logits,
-        4.0 * 128_256.0 - 4.0
+        4.0 * 128_256.0 + 1.0 - 4.0
     );
     // FP8 linear inputs, one byte instead of two: per layer the q/k/v input (saves h), the
     // MLP input (h) and the down projection's input (f); o_proj keeps a one-byte copy of
