@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from run_support import free_port
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "context_parallel_attention.py"
 TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.mark.parametrize("cp_size", [2, 4])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from run_support import free_port
 from script_module import load_script
 
 from tokenbatch import pack
@@ -36,12 +36,6 @@ def document_lengths(distribution: str, n: int, max_length: int, seed: int) -> A
     """The example's length distribution (imported from the script file)."""
     module = load_script(EXAMPLE, "train_ddp_lengths")
     return module.document_lengths(distribution, n, max_length, seed)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def torchrun(nproc: int, log_dir: Path, *extra: str) -> Logs:

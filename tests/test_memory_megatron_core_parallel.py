@@ -24,8 +24,12 @@ from typing import Any
 
 import pytest
 
+if __name__ == "__main__":  # run as a script: the helpers' folder, as conftest.py adds it
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
+
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
+from run_support import free_port
 
 RUN = Path(__file__).resolve().parent / "runs" / "megatron_parallel.py"
 TIMEOUT_S = 600
@@ -61,14 +65,6 @@ EXPERT_PARALLEL_CASES = [
 # How far one rank's activations may be from the balanced estimate: the router of these
 # small random models sends one rank up to about 5% more copies than the other.
 IMBALANCE = 0.05
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run(tmp_path: Path, options: list[str], cases: list[str]) -> list[dict[str, Any]]:

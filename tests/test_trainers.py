@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import run_support
+from run_support import free_port
 
 from tokenbatch.torch import TokenBudgetBatchSampler, optimizer_steps
 
@@ -34,12 +34,6 @@ Records = list[dict[str, Any]]
 Logs = dict[str, dict[int, Records]]  # run name -> rank -> records
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def launch(script: str, out: Path, *, torchrun: bool = True) -> Logs:

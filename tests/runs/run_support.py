@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,10 @@ class Log:
             num_items=steps.num_items_in_batch(i),
             loss=float(loss.detach()),
         )
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now, for a torchrun rendezvous."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
