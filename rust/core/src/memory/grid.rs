@@ -70,21 +70,9 @@ impl Values<'_> {
         let range = first..first + out.len();
         match self {
             Values::F64(values) => out.copy_from_slice(&values[range]),
-            Values::I64(values) => {
-                for (o, &x) in out.iter_mut().zip(&values[range]) {
-                    *o = x as f64;
-                }
-            }
-            Values::I32(values) => {
-                for (o, &x) in out.iter_mut().zip(&values[range]) {
-                    *o = f64::from(x);
-                }
-            }
-            Values::Bool(values) => {
-                for (o, &x) in out.iter_mut().zip(&values[range]) {
-                    *o = f64::from(u8::from(x));
-                }
-            }
+            Values::I64(values) => widen(&values[range], out, |x| x as f64),
+            Values::I32(values) => widen(&values[range], out, f64::from),
+            Values::Bool(values) => widen(&values[range], out, |x| f64::from(u8::from(x))),
             Values::Names(text, names) => {
                 let width = names.width();
                 names.codes_into(&text[range.start * width..range.end * width], out);
@@ -142,6 +130,15 @@ impl Values<'_> {
             self.copy_to(first, values);
             values.contains(&x)
         })
+    }
+}
+
+/// `out[i] = to_float(values[i])`: one conversion loop, which the compiler vectorizes for
+/// each kind of value.
+#[inline(always)]
+fn widen<T: Copy>(values: &[T], out: &mut [f64], to_float: impl Fn(T) -> f64) {
+    for (o, &x) in out.iter_mut().zip(values) {
+        *o = to_float(x);
     }
 }
 
