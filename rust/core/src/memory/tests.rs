@@ -2211,3 +2211,33 @@ fn experts_divide_huge_data_parallel_groups_exactly() {
         );
     }
 }
+
+#[test]
+fn routed_copies_are_not_divided_by_sequence_parallelism() {
+    // Mixtral, fused, tp = 2: sequence parallelism halves what a rank keeps of its part of
+    // the sequence (the MoE block's input, the router's tensors, the sort's int64 index per
+    // copy), not the routed copies, which every rank of the group runs for all its tokens
+    // (measured against Megatron-Core in tests/test_memory_megatron_core_parallel.py).
+    let spec = ModelSpec {
+        implementation: Implementation::Fused,
+        ..mixtral()
+    };
+    let at = |sequence_parallel: f64| {
+        one(
+            &spec,
+            &Layout {
+                seq_len: 1.0,
+                tp: 2.0,
+                sequence_parallel,
+                ..Layout::default()
+            },
+        )
+        .act_mlp
+    };
+    let (h, k, experts) = (4096.0, 2.0, 8.0);
+    // Softmax router: int64 top-k indices, a byte mask and bf16 probabilities per
+    // expert, fp32 softmax over the top-k scores.
+    let router = 8.0 * k + experts + 2.0 * experts + 4.0 * k;
+    let halved = 2.0 * h + router + 8.0 * k;
+    assert_eq!(at(0.0) - at(1.0), 32.0 * halved / 2.0);
+}
