@@ -22,7 +22,7 @@ pre-MLP norm into the MLP: the local spec's ``layernorm`` recomputes norms that 
 Engine's does not, and its ``mlp`` leaves the norm outside; :func:`_layer_norms_extra`
 counts both.
 
-Megatron-Core runs on CPU here with ten substitutions, for device placement, RNG
+Megatron-Core runs on CPU here with substitutions for device placement, RNG
 bookkeeping (no dropout runs), CUDA streams and missing optional dependencies:
 ``torch.cuda.current_device()`` (called for buffers, rotary frequencies) returns
 ``"cpu"``, the CUDA RNG state functions of ``megatron.core.tensor_parallel.random`` use the
