@@ -5,13 +5,10 @@ and values all-gathered from the others, against one process computing the whole
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from run_support import free_port
+from run_support import torchrun
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "context_parallel_attention.py"
 TIMEOUT_S = 180
@@ -19,17 +16,8 @@ TIMEOUT_S = 180
 
 @pytest.mark.parametrize("cp_size", [2, 4])
 def test_cp_ranks_reproduce_the_unsharded_row(cp_size: int, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={cp_size}", f"--master_port={free_port()}",
-        str(EXAMPLE), "--docs", "7", "--max-length", "45", "--log-dir", str(tmp_path),
-    ]  # fmt: skip
-    # A timeout turns a hang in a collective into a failure instead of a stuck CI job.
-    result = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert result.returncode == 0, f"torchrun failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+    options = ["--docs", "7", "--max-length", "45", "--log-dir", str(tmp_path)]
+    torchrun(EXAMPLE, options, nproc=cp_size, cwd=tmp_path, timeout=TIMEOUT_S)
     # One file per rank: lines the ranks print at the same moment can interleave on stdout.
     records = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(record["rank"] for record in records) == list(range(cp_size))

@@ -7,15 +7,12 @@ writes one JSON line per step and rank; the tests read those logs.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from run_support import free_port
+import run_support
 from script_module import load_script
 
 from tokenbatch import pack
@@ -40,17 +37,10 @@ def document_lengths(distribution: str, n: int, max_length: int, seed: int) -> A
 
 def torchrun(nproc: int, log_dir: Path, *extra: str) -> Logs:
     """Run the example on ``nproc`` CPU processes; return each rank's step records."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-        str(EXAMPLE), *COMMON, "--log-dir", str(log_dir), *extra,
-    ]  # fmt: skip
-    # A timeout turns a hang in a collective into a failure instead of a stuck CI job.
-    result = subprocess.run(
-        command, cwd=log_dir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert result.returncode == 0, f"torchrun failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+    run_support.torchrun(
+        EXAMPLE, [*COMMON, "--log-dir", str(log_dir), *extra],
+        nproc=nproc, cwd=log_dir, timeout=TIMEOUT_S,
+    )  # fmt: skip
     return read_logs(log_dir, nproc)
 
 

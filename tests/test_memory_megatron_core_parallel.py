@@ -16,8 +16,6 @@ the models of tests/runs/megatron_cpu.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ if __name__ == "__main__":  # run as a script: the helpers' folder, as conftest.
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
-from run_support import free_port
+from run_support import torchrun
 
 RUN = Path(__file__).resolve().parent / "runs" / "megatron_parallel.py"
 TIMEOUT_S = 600
@@ -67,30 +65,27 @@ EXPERT_PARALLEL_CASES = [
 IMBALANCE = 0.05
 
 
+# Each layout's name, its options to the script and its cases.
+LAYOUTS = [
+    ("TP2 + SP", ["--tp", "2", "--sp"], SEQUENCE_PARALLEL_CASES),
+    ("TP2", ["--tp", "2"], TENSOR_PARALLEL_CASES),
+    ("EP2", ["--ep", "2"], EXPERT_PARALLEL_CASES),
+]
+
+
 def run(tmp_path: Path, options: list[str], cases: list[str]) -> list[dict[str, Any]]:
     """The records of every rank of one torchrun of the script."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={RANKS}", f"--master_port={free_port()}",
-        str(RUN), str(tmp_path), *options, *cases,
-    ]  # fmt: skip
-    # A timeout turns a hang in a collective into a failure instead of a stuck CI job.
-    result = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert result.returncode == 0, f"torchrun failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+    torchrun(RUN, [str(tmp_path), *options, *cases], nproc=RANKS, cwd=tmp_path, timeout=TIMEOUT_S)
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("options", "cases"),
-    [(["--tp", "2", "--sp"], SEQUENCE_PARALLEL_CASES), (["--tp", "2"], TENSOR_PARALLEL_CASES)],
-    ids=["tp2-sequence-parallel", "tp2"],
+    ("name", "options", "cases"),
+    [pytest.param(*layout, id=layout[0]) for layout in LAYOUTS if layout[0] != "EP2"],
 )
 def test_tensor_parallel_ranks_match_the_estimate(
-    tmp_path: Path, options: list[str], cases: list[str]
+    tmp_path: Path, name: str, options: list[str], cases: list[str]
 ) -> None:
     for rank, records in enumerate(run(tmp_path, options, cases)):
         assert sorted(records) == sorted(cases)
@@ -103,7 +98,8 @@ def test_tensor_parallel_ranks_match_the_estimate(
 
 @pytest.mark.slow
 def test_expert_parallel_ranks_match_the_estimate(tmp_path: Path) -> None:
-    ranks = run(tmp_path, ["--ep", "2"], EXPERT_PARALLEL_CASES)
+    _, options, _ = LAYOUTS[2]
+    ranks = run(tmp_path, options, EXPERT_PARALLEL_CASES)
     for case in EXPERT_PARALLEL_CASES:
         records = [records[case] for records in ranks]
         for record in records:
@@ -129,12 +125,7 @@ def table() -> str:
         "| local-spec extra (KiB) | unexplained, both ranks (bytes) |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    layouts = [
-        ("TP2 + SP", ["--tp", "2", "--sp"], SEQUENCE_PARALLEL_CASES),
-        ("TP2", ["--tp", "2"], TENSOR_PARALLEL_CASES),
-        ("EP2", ["--ep", "2"], EXPERT_PARALLEL_CASES),
-    ]
-    for name, options, cases in layouts:
+    for name, options, cases in LAYOUTS:
         with tempfile.TemporaryDirectory() as folder:
             ranks = run(Path(folder), options, cases)
         for case in cases:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def torchrun(script: Path, args: list[str], *, nproc: int, cwd: Path, timeout: float) -> None:
+    """Run ``script args`` on ``nproc`` CPU processes under torchrun (one torch thread
+    each, no GPU), failing with its output if it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(script), *args,
+    ]  # fmt: skip
+    # A timeout turns a hang in a collective into a failure instead of a stuck CI job.
+    result = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, f"torchrun failed:\n{result.stdout}\n{result.stderr[-4000:]}"
