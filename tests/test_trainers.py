@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 import run_support
-from run_support import free_port
 
 from tokenbatch.torch import TokenBudgetBatchSampler, optimizer_steps
 
@@ -39,24 +36,10 @@ pytestmark = pytest.mark.slow
 def launch(script: str, out: Path, *, torchrun: bool = True) -> Logs:
     """Run ``tests/runs/<script>`` on 2 CPU processes (under torchrun, or launching its
     own), and read the logs it writes to ``out``."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = [sys.executable, str(RUNS / script), str(out)]
     if torchrun:
-        command[1:1] = [
-            "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-        ]  # fmt: skip
-    # A timeout turns a hang in a collective into a failure instead of a stuck CI job.
-    result = subprocess.run(
-        command, cwd=out, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert result.returncode == 0, (
-        f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    )
+        run_support.torchrun(RUNS / script, [str(out)], nproc=2, cwd=out, timeout=TIMEOUT_S)
+    else:
+        run_support.run([sys.executable, str(RUNS / script), str(out)], cwd=out, timeout=TIMEOUT_S)
     logs: Logs = collections.defaultdict(dict)
     for path in sorted(out.glob("*.rank*.jsonl")):
         name, rank = path.name.removesuffix(".jsonl").split(".rank")

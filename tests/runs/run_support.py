@@ -8,8 +8,10 @@ whatever the framework did with the batch on the way.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -162,16 +164,49 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def torchrun(script: Path, args: list[str], *, nproc: int, cwd: Path, timeout: float) -> None:
-    """Run ``script args`` on ``nproc`` CPU processes under torchrun (one torch thread
-    each, no GPU), failing with its output if it fails."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", f"--master_port={free_port()}", str(script), *args,
-    ]  # fmt: skip
+#: Seconds after which a run script prints every thread's stack and exits (set by
+#: :func:`run`): a hang in a collective or a DataLoader worker then fails its test with
+#: the place each rank stopped at, not a bare timeout. The first rank to exit makes
+#: torchrun stop the others with SIGTERM, so they print their stacks on SIGTERM too.
+WATCHDOG_ENV = "TOKENBATCH_TEST_WATCHDOG_S"
+if float(os.environ.get(WATCHDOG_ENV, "0")) > 0:
+    faulthandler.dump_traceback_later(float(os.environ[WATCHDOG_ENV]), exit=True)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+
+
+def run(command: list[str], *, cwd: Path, timeout: float) -> None:
+    """Run ``command`` (a launcher of CPU processes: one torch thread each, no GPU),
+    failing with its output if it fails or outlives ``timeout`` seconds."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONUNBUFFERED": "1",
+        # Scripts that import this module dump their stacks a minute before the timeout.
+        WATCHDOG_ENV: str(max(timeout - 60, timeout / 2)),
+    }
     # A timeout turns a hang in a collective into a failure instead of a stuck CI job.
-    result = subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    try:
+        result = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(
+            f"{command} still ran after {timeout} s:\n{_tail(expired.stdout, 3000)}\n"
+            f"{_tail(expired.stderr, 20000)}"
+        ) from None
+    assert result.returncode == 0, (
+        f"{command} failed:\n{_tail(result.stdout, 3000)}\n{_tail(result.stderr, 20000)}"
     )
-    assert result.returncode == 0, f"torchrun failed:\n{result.stdout}\n{result.stderr[-4000:]}"
+
+
+def _tail(output: str | bytes | None, chars: int) -> str:
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    return (output or "")[-chars:]
+
+
+def torchrun(script: Path, args: list[str], *, nproc: int, cwd: Path, timeout: float) -> None:
+    """Run ``script args`` on ``nproc`` CPU processes under torchrun."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    run([*launcher, f"--master_port={free_port()}", str(script), *args], cwd=cwd, timeout=timeout)
