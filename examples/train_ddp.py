@@ -293,6 +293,7 @@ def make_loader(
             sampler=sampler,
             collate_fn=WithIndices(PaddedCollator()),
             num_workers=args.num_workers,
+            multiprocessing_context=worker_start(args.num_workers),
         )
         return loader, sampler
     sampler = TokenBudgetBatchSampler(
@@ -313,8 +314,16 @@ def make_loader(
         batch_sampler=sampler,
         collate_fn=WithIndices(collate),
         num_workers=args.num_workers,
+        multiprocessing_context=worker_start(args.num_workers),
     )
     return loader, sampler
+
+
+def worker_start(num_workers: int) -> str | None:
+    """How DataLoader workers start: from a fork server, not by forking the rank, which
+    CPython before 3.12 can leave stuck for good when another thread of the rank starts
+    or exits at that moment (gh-112275), as the last epoch's worker queue threads do."""
+    return "forkserver" if num_workers > 0 else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from run_support import (
     RecordingMixin,
     documents,
     lengths,
+    start_workers_from_a_fork_server,
     tiny_llama,
 )
 from transformers import TrainerCallback, TrainingArguments
@@ -92,6 +93,7 @@ def run(
 
 
 def main() -> None:
+    start_workers_from_a_fork_server()
     out = Path(sys.argv[1])
     for mode, prefix in (("ga", ""), ("schedule", "schedule_")):
         schedule = mode == "schedule"

@@ -16,7 +16,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from run_support import MAX_TOKENS, Log, documents, lengths, step_normalized_loss, tiny_llama
+from run_support import (
+    MAX_TOKENS,
+    Log,
+    documents,
+    lengths,
+    start_workers_from_a_fork_server,
+    step_normalized_loss,
+    tiny_llama,
+)
 from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidValueError
@@ -97,6 +105,7 @@ def fit(
 
 
 def main() -> None:
+    start_workers_from_a_fork_server()
     out = Path(sys.argv[1])
     try:  # Lightning would replace the sampler: refused before anything runs
         fit(out, "refused", distributed_sampler=True)

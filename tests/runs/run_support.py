@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -155,6 +156,18 @@ class Log:
             num_items=steps.num_items_in_batch(i),
             loss=float(loss.detach()),
         )
+
+
+def start_workers_from_a_fork_server() -> None:
+    """Make DataLoader workers start from a fork server rather than by forking the rank.
+
+    A rank that forks while another of its Python threads starts or exits (the queue
+    feeder threads of the last epoch's workers do, as a new epoch forks new ones) gives
+    CPython before 3.12 a child stuck for good in ``PyOS_AfterFork_Child``, on the
+    thread-state lock the exiting thread held (CPython gh-112275); the runs here hung so
+    twice in 146 runs. The fork server is a fresh single-threaded process.
+    """
+    multiprocessing.set_start_method("forkserver", force=True)
 
 
 def free_port() -> int:

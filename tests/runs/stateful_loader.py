@@ -29,6 +29,7 @@ from run_support import (
     documents,
     label_tokens,
     lengths,
+    start_workers_from_a_fork_server,
     step_normalized_loss,
     tiny_llama,
 )
@@ -127,6 +128,7 @@ def run(out: Path, name: str, *, workers: int, stop: bool = False, resume: bool 
 
 
 def main() -> None:
+    start_workers_from_a_fork_server()
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")
     gradient_check(out)
