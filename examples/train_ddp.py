@@ -320,9 +320,10 @@ def make_loader(
 
 
 def worker_start(num_workers: int) -> str | None:
-    """How DataLoader workers start: from a fork server, not by forking the rank, which
-    CPython before 3.12 can leave stuck for good when another thread of the rank starts
-    or exits at that moment (gh-112275), as the last epoch's worker queue threads do."""
+    """How DataLoader workers start: from a fork server, not by forking the rank. On
+    CPython before 3.12 a child forked while another thread of the rank creates or deletes
+    its Python thread state (torch's process-group threads can, to run callbacks) can be
+    stuck for good at its start (gh-112275)."""
     return "forkserver" if num_workers > 0 else None
 
 

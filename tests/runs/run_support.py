@@ -161,11 +161,12 @@ class Log:
 def start_workers_from_a_fork_server() -> None:
     """Make DataLoader workers start from a fork server rather than by forking the rank.
 
-    A rank that forks while another of its Python threads starts or exits (the queue
-    feeder threads of the last epoch's workers do, as a new epoch forks new ones) gives
-    CPython before 3.12 a child stuck for good in ``PyOS_AfterFork_Child``, on the
-    thread-state lock the exiting thread held (CPython gh-112275); the runs here hung so
-    twice in 146 runs. The fork server is a fresh single-threaded process.
+    On CPython before 3.12 a forked child takes the interpreter's thread-state lock first
+    thing, before resetting it (CPython gh-112275): if another thread of the rank held it
+    at the moment of the fork (any thread creating or deleting its Python thread state,
+    such as a native thread of torch's process group entering Python to run a callback),
+    the child is stuck for good in ``PyOS_AfterFork_Child``. The Lightning run hung so
+    twice in 146 runs. The fork server is a fresh process with no such threads.
     """
     multiprocessing.set_start_method("forkserver", force=True)
 
