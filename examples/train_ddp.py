@@ -321,9 +321,9 @@ def make_loader(
 
 def worker_start(num_workers: int) -> str | None:
     """How DataLoader workers start: from a fork server, not by forking the rank. On
-    CPython before 3.12 a child forked while another thread of the rank creates or deletes
-    its Python thread state (torch's process-group threads can, to run callbacks) can be
-    stuck for good at its start (gh-112275)."""
+    CPython before 3.12 a child forked while another thread of the rank creates or
+    deletes its Python thread state (the gloo process group's threads do, during DDP
+    training) can be stuck for good at its start (gh-112275)."""
     return "forkserver" if num_workers > 0 else None
 
 

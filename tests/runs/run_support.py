@@ -164,9 +164,9 @@ def start_workers_from_a_fork_server() -> None:
     On CPython before 3.12 a forked child takes the interpreter's thread-state lock first
     thing, before resetting it (CPython gh-112275): if another thread of the rank held it
     at the moment of the fork (any thread creating or deleting its Python thread state,
-    such as a native thread of torch's process group entering Python to run a callback),
-    the child is stuck for good in ``PyOS_AfterFork_Child``. The Lightning run hung so
-    twice in 146 runs. The fork server is a fresh process with no such threads.
+    as the gloo process group's threads do during DDP training), the child is stuck for
+    good in ``PyOS_AfterFork_Child``. The Lightning run hung so twice in 146 runs. The
+    fork server is a fresh process with no such threads.
     """
     multiprocessing.set_start_method("forkserver", force=True)
 
