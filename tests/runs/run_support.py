@@ -160,18 +160,13 @@ class Log:
 
 
 def start_workers_from_a_fork_server() -> None:
-    """Make DataLoader workers start from a fork server rather than by forking the rank.
-
-    On CPython before 3.12 a forked child takes the interpreter's thread-state lock first
-    thing, before resetting it (CPython gh-112275): if another thread of the rank held it
-    at the moment of the fork (any thread creating or deleting its Python thread state,
-    as the gloo process group's threads do during DDP training), the child is stuck for
-    good in ``PyOS_AfterFork_Child``. The Lightning run hung so twice in 146 runs. The
-    fork server is a fresh process with no such threads.
-    """
+    """Make DataLoader workers start from a fork server rather than by forking the rank:
+    on CPython before 3.12 a worker forked from a DDP rank can be stuck for good at its
+    start (gh-112275; docs/trainers.md, "Limits"). The Lightning run hung so twice in
+    146 runs."""
     multiprocessing.set_start_method("forkserver", force=True)
     # Started now, the server imports the script while the rank runs, rather than when the
-    # first DataLoader wants a worker (the Lightning run: 26 s instead of 28).
+    # first DataLoader wants a worker (one timing of the Lightning run: 26 s against 28).
     multiprocessing.forkserver.ensure_running()
 
 
