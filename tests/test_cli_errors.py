@@ -133,6 +133,7 @@ CASES = [
     (f"{MEMORY} --optimizer-offload -0.5", "--optimizer-offload"),
     (f"{MEMORY} --cp-comm ring", "--cp-comm"),
     (f"{MEMORY} --implementation megatron", "--implementation"),
+    (f"{MEMORY} --moe-dispatcher all_gather", "--moe-dispatcher"),
     (f"{MEMORY} --moe-capacity-factor 0", "--moe-capacity-factor"),
     (f"{MEMORY} --mtp-layers -1", "--mtp-layers"),
     (f"{MEMORY} --optimizer-dtype fp64", "optimizer_dtype"),

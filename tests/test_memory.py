@@ -571,6 +571,10 @@ def test_bad_specs_and_arguments_raise() -> None:
         LLAMA_8B.replace(num_layers=5000)
     with pytest.raises(InvalidValueError, match="unknown preset 'llama-9'"):
         ModelSpec.preset("llama-9")
+    with pytest.raises(InvalidValueError, match="moe_dispatcher must be 'alltoall' or 'allgather'"):
+        MIXTRAL.replace(implementation="fused", moe_dispatcher="all_gather")
+    with pytest.raises(InvalidValueError, match="needs implementation='fused'"):
+        MIXTRAL.replace(moe_dispatcher="allgather")
     with pytest.raises(InvalidTypeError, match="scalar"):
         estimate_memory(LLAMA_8B, seq_len=np.array([1, 2]))
     with pytest.raises(InvalidTypeError, match="unknown option"):
@@ -834,6 +838,44 @@ def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(["memory", "llama-3.1-8b", "--tp", "3"]) == 2
     assert "tp must divide num_heads" in capsys.readouterr().err
     assert main(["memory", "no-such-model"]) == 2
+
+
+def test_all_gather_dispatcher_keeps_its_sort_and_map_for_the_tensor_parallel_group(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Megatron-Core's all-gather dispatcher under tp = 2 with sequence parallelism: an int64
+    # index per routed copy (top 2) and a byte and a bf16 probability per expert (8) of
+    # every token of the group, half of them the other rank's, in each of the 32 MoE layers.
+    all_to_all = MIXTRAL.replace(implementation="fused")
+    all_gather = all_to_all.replace(moe_dispatcher="allgather")
+    layout = {"seq_len": 4096, "tp": 2, "sequence_parallel": True}
+    extra = (8 * 2 + 3 * 8) * 4096 // 2 * 32
+    assert (
+        estimate_memory(all_gather, **layout).activations
+        == estimate_memory(all_to_all, **layout).activations + extra
+    )
+    # Without sequence parallelism each rank holds the whole sequence either way; the
+    # model states do not depend on the dispatcher.
+    gathered, sent = (
+        estimate_memory(spec, seq_len=4096, tp=2) for spec in (all_gather, all_to_all)
+    )
+    assert (gathered.total, gathered.params, gathered.optimizer) == (
+        sent.total,
+        sent.params,
+        sent.optimizer,
+    )
+    assert (
+        "(fused kernels, allgather dispatcher)"
+        in estimate_memory(all_gather, **layout).explanation()
+    )
+    # The command line's option reaches the spec.
+    args = ["mixtral-8x7b", "--implementation", "fused", "--tp", "2", "--sequence-parallel"]
+    assert main(["memory", *args, "--moe-dispatcher", "allgather", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"] == (
+        estimate_memory(all_gather, **layout).total
+    )
+    assert main(["memory", "mixtral-8x7b", "--moe-dispatcher", "allgather"]) == 2
+    assert "needs implementation='fused'" in capsys.readouterr().err
 
 
 def test_cli_recompute_modes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,8 +7,8 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use tokenbatch_core::memory::{
-    estimate_grid, estimate_one, FfnType, GridInput, Implementation, Layout, ModelSpec, NormType,
-    Values, N_LAYOUT_FIELDS, N_OUTPUT_FIELDS,
+    estimate_grid, estimate_one, FfnType, GridInput, Implementation, Layout, ModelSpec,
+    MoeDispatcher, NormType, Values, N_LAYOUT_FIELDS, N_OUTPUT_FIELDS,
 };
 use tokenbatch_fuzz::Count;
 
@@ -18,6 +18,7 @@ struct Spec {
     gelu: bool,
     layernorm: bool,
     hf: bool,
+    all_gather: bool,
     flags: [bool; 4],
 }
 
@@ -64,6 +65,11 @@ impl Spec {
                 Implementation::Hf
             } else {
                 Implementation::Fused
+            },
+            moe_dispatcher: if self.all_gather {
+                MoeDispatcher::AllGather
+            } else {
+                MoeDispatcher::AllToAll
             },
         }
     }

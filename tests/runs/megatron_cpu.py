@@ -123,7 +123,7 @@ MODELS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     "moe": (
         _moe(4, 2, "allgather"),
-        {"num_experts": 4, "top_k": 2, "moe_ffn_size": MF},
+        {"num_experts": 4, "top_k": 2, "moe_ffn_size": MF, "moe_dispatcher": "allgather"},
     ),
     "deepseek_moe": (
         _moe(
@@ -412,9 +412,8 @@ def measure(
 def local_spec_extra(
     recompute: str, model_name: str = "dense", *, tp: int = 1, sp: bool = False
 ) -> dict[str, int]:
-    """What the local spec's modules keep beyond the fused ones the estimate assumes (and
-    the all-gather token dispatcher beyond the all-to-all one), on one rank of a
-    ``tp``-way tensor-parallel layout (sequence parallel when ``sp``)."""
+    """What the local spec's modules keep beyond the fused ones the estimate assumes, on
+    one rank of a ``tp``-way tensor-parallel layout (sequence parallel when ``sp``)."""
     # The norms see the rank's part of the sequence under sequence parallelism.
     norm_tokens = TOKENS // tp if sp else TOKENS
     # torch.nn.RMSNorm keeps an fp32 copy of its input, fp32 1/rms and the fp32
@@ -442,14 +441,6 @@ def local_spec_extra(
     }
     if mla:
         extra["mla_paths"] = L * norm_tokens * _mla_paths_extra(up_recomputed, sp=sp)
-    if options.get("moe_token_dispatcher_type") == "allgather" and "moe" not in modules:
-        # The all-gather dispatcher sorts the routed copies once it has gathered the tokens
-        # over the tensor-parallel ranks: its sort index (int64 per copy) and routing map
-        # (a bool and a probability per expert) cover every token of the group, where the
-        # all-to-all dispatcher's, which the estimate follows, cover the rank's part of
-        # the sequence. The same without sequence parallelism.
-        per_token = 8 * options["moe_router_topk"] + (1 + E) * options["num_moe_experts"]
-        extra["allgather_dispatcher"] = L * (TOKENS - norm_tokens) * per_token
     if "core_attn" in modules:
         # An int32 scalar per checkpoint of the attention core (what the checkpoints keep
         # is in the estimate: the fused QKV output the core's values keep alive; the other

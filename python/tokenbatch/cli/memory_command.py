@@ -63,6 +63,13 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "Megatron/Transformer Engine ones; decides what is saved for backward",
     )
     parser.add_argument(
+        "--moe-dispatcher",
+        choices=["alltoall", "allgather"],
+        default="alltoall",
+        help="Megatron-Core's token dispatcher, with --implementation fused: alltoall "
+        "(default) or allgather",
+    )
+    parser.add_argument(
         "--loss",
         choices=["standard", "fused"],
         default="standard",
@@ -252,11 +259,14 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _spec(args: argparse.Namespace) -> ModelSpec:
-    """The model with the implementation and multi-token-prediction layers asked for."""
+    """The model with the implementation, dispatcher and multi-token-prediction layers
+    asked for."""
     spec = load_spec(args.model)
     changes: dict[str, Any] = {}
     if args.implementation != spec.implementation:
         changes["implementation"] = args.implementation
+    if args.moe_dispatcher != spec.moe_dispatcher:
+        changes["moe_dispatcher"] = args.moe_dispatcher
     if args.mtp_layers is not None and args.mtp_layers != spec.mtp_layers:
         changes["mtp_layers"] = args.mtp_layers
     return spec.replace(**changes) if changes else spec

@@ -753,7 +753,13 @@ def _explain(est: MemoryEstimate) -> str:
             else ""
         ),
         f"{'activations':<16}{_gib(est.activations)}  {o['activation_model']} model"
-        f" ({spec.implementation} kernels), {_bytes(n['activation_bytes'])} B/element"
+        f" ({spec.implementation} kernels"
+        + (
+            f", {spec.moe_dispatcher} dispatcher"
+            if spec.is_moe and spec.implementation == "fused"
+            else ""
+        )
+        + f"), {_bytes(n['activation_bytes'])} B/element"
         + (", FP8 linear inputs" if n["fp8"] else "")
         + f", {o['micro_batch']} x {o['seq_len']} tokens / cp per micro-batch",
     ]

@@ -13,11 +13,12 @@ from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["PRESETS", "FfnType", "Implementation", "ModelSpec", "NormType"]
+__all__ = ["PRESETS", "FfnType", "Implementation", "ModelSpec", "MoeDispatcher", "NormType"]
 
 FfnType = Literal["swiglu", "gelu"]
 NormType = Literal["rmsnorm", "layernorm"]
 Implementation = Literal["hf", "fused"]
+MoeDispatcher = Literal["alltoall", "allgather"]
 
 _INT_FIELDS = (
     "hidden_size",
@@ -71,7 +72,11 @@ class ModelSpec:
     ``recompute="selective"`` also rebuilds the MLP activation, ``"core_attn"`` is
     Megatron-Core's default, which does not; its other modules as Transformer Engine's
     layer runs them, which fuses a dense layer's norms into the next projections).
-    docs/memory.md lists each tensor.
+    docs/memory.md lists each tensor. ``moe_dispatcher`` is Megatron-Core's token
+    dispatcher for fused kernels (its ``--moe-token-dispatcher-type``): ``"alltoall"``
+    (default) or ``"allgather"`` (Megatron-Core's own default), which under sequence
+    parallelism keeps its sort index and routing map for every token of the
+    tensor-parallel group rather than for the rank's part of the sequence.
 
     Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
     ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`
@@ -106,6 +111,7 @@ class ModelSpec:
     v_head_dim: int = 0
     mtp_layers: int = 0
     implementation: Implementation = "hf"
+    moe_dispatcher: MoeDispatcher = "alltoall"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -134,6 +140,15 @@ class ModelSpec:
         if self.implementation not in ("hf", "fused"):
             raise InvalidValueError(
                 f"implementation must be 'hf' or 'fused', got {self.implementation!r}"
+            )
+        if self.moe_dispatcher not in ("alltoall", "allgather"):
+            raise InvalidValueError(
+                f"moe_dispatcher must be 'alltoall' or 'allgather', got {self.moe_dispatcher!r}"
+            )
+        if self.moe_dispatcher == "allgather" and self.implementation != "fused":
+            raise InvalidValueError(
+                "moe_dispatcher='allgather' is Megatron-Core's all-gather token dispatcher: "
+                "it needs implementation='fused'"
             )
         if self.norm not in ("rmsnorm", "layernorm"):
             raise InvalidValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")

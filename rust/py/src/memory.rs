@@ -4,8 +4,8 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntyped
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, Invalid, Layout, ModelSpec, NameSets, NameTable,
-    NormType, Values, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, FfnType, GridInput, Implementation, Invalid, Layout, ModelSpec, MoeDispatcher, NameSets,
+    NameTable, NormType, Values, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -44,6 +44,7 @@ struct SpecDict {
     v_head_dim: u64,
     mtp_layers: u64,
     implementation: String,
+    moe_dispatcher: String,
 }
 
 impl SpecDict {
@@ -77,6 +78,7 @@ impl SpecDict {
             v_head_dim: self.v_head_dim,
             mtp_layers: self.mtp_layers,
             implementation: Implementation::parse(&self.implementation)?,
+            moe_dispatcher: MoeDispatcher::parse(&self.moe_dispatcher)?,
         })
     }
 }

@@ -93,7 +93,7 @@
 //! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
 
 use crate::memory::layout::{Modules, Recompute};
-use crate::memory::spec::{FfnType, Implementation, ModelSpec, NormType};
+use crate::memory::spec::{FfnType, Implementation, ModelSpec, MoeDispatcher, NormType};
 
 /// How context-parallel ranks exchange keys and values (the `cp_comm` layout field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +169,7 @@ pub(crate) struct Activations<'a> {
     spec: &'a ModelSpec,
     c: ActCtx,
     hf: bool,
+    all_gather: bool,
 }
 
 impl<'a> Activations<'a> {
@@ -177,6 +178,7 @@ impl<'a> Activations<'a> {
             spec,
             c,
             hf: spec.implementation == Implementation::Hf,
+            all_gather: spec.moe_dispatcher == MoeDispatcher::AllGather,
         }
     }
 
@@ -445,12 +447,20 @@ impl<'a> Activations<'a> {
         // The experts are split over the tensor-parallel ranks (Megatron-Core's default
         // expert tensor parallelism), each of which runs every routed copy of the group's
         // tokens: the dispatcher gathers the copies over the group, so their input and
-        // weight are not divided by sequence parallelism; the sort's index is taken
-        // before the gather (the all-to-all dispatcher; measured in
-        // tests/runs/megatron_parallel.py).
+        // weight are not divided by sequence parallelism. The all-to-all dispatcher takes
+        // the sort's index before the gather; the all-gather one sorts the gathered
+        // copies, and keeps a byte mask and a probability per expert of every gathered
+        // token (both measured in tests/runs/megatron_parallel.py, with tp = 2 and with
+        // ep = 2). Under expert parallelism it gathers `ep` times more tokens but keeps
+        // only its `1 / ep` of the experts' columns and copies: the same bytes.
+        let (index, gathered_map) = if self.all_gather {
+            (8.0, (1.0 + e) * experts * (1.0 - 1.0 / c.rep))
+        } else {
+            (8.0 / c.rep, 0.0)
+        };
         let routed =
-            c.copies * (c.lin * h + self.mlp_inner(s.moe_ffn_size as f64, true) + e + 8.0 / c.rep);
-        input + router / c.rep + routed + shared
+            c.copies * (c.lin * h + self.mlp_inner(s.moe_ffn_size as f64, true) + e + index);
+        input + router / c.rep + gathered_map + routed + shared
     }
 
     /// One layer per token, and its bytes per micro-batch that do not scale with tokens.

@@ -25,7 +25,7 @@ pub use layout::{
 };
 pub use names::{name_codes, NameSets, NameTable};
 pub use pipeline::{PipelineSplit, StageLayers};
-pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, NormType};
+pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, MoeDispatcher, NormType};
 
 #[cfg(test)]
 mod tests;

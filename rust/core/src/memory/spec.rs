@@ -76,6 +76,32 @@ impl Implementation {
     }
 }
 
+/// How Megatron-Core's MoE layers send routed copies to the experts' ranks (its
+/// `moe_token_dispatcher_type`); only fused kernels (`Implementation::Fused`) have one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeDispatcher {
+    /// Each rank sorts its own tokens' copies and exchanges them with the expert-parallel
+    /// ranks (`alltoall`; DeepSeek-V3-style runs use it).
+    AllToAll,
+    /// Each rank gathers every token of its tensor- and expert-parallel group and keeps the
+    /// copies routed to its experts (`allgather`, Megatron-Core's default): under sequence
+    /// parallelism its sort index and routing map cover the whole group's tokens.
+    AllGather,
+}
+
+impl MoeDispatcher {
+    /// Parse `"alltoall"` or `"allgather"`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "alltoall" => Ok(MoeDispatcher::AllToAll),
+            "allgather" => Ok(MoeDispatcher::AllGather),
+            other => Err(Error::invalid(format!(
+                "moe_dispatcher must be 'alltoall' or 'allgather', got {other:?}"
+            ))),
+        }
+    }
+}
+
 /// Shape of a decoder-only transformer. Sizes are counts of elements, not bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelSpec {
@@ -125,6 +151,8 @@ pub struct ModelSpec {
     pub mtp_layers: u64,
     /// Whose kernels run the model.
     pub implementation: Implementation,
+    /// Megatron-Core's token dispatcher (fused kernels only).
+    pub moe_dispatcher: MoeDispatcher,
 }
 
 /// Parameters of one layer, split by how model parallelism shards them.
@@ -214,6 +242,14 @@ impl ModelSpec {
                     self.first_dense_layers, self.num_layers
                 )));
             }
+        }
+        if self.moe_dispatcher == MoeDispatcher::AllGather
+            && self.implementation != Implementation::Fused
+        {
+            return Err(Error::invalid(
+                "moe_dispatcher='allgather' is Megatron-Core's all-gather token dispatcher: \
+                 it needs implementation='fused'",
+            ));
         }
         if self.is_mla() && (self.qk_head_dim() == 0 || self.v_head_dim == 0) {
             return Err(Error::invalid(

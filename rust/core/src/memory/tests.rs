@@ -32,6 +32,7 @@ fn llama(h: u64, layers: u64, heads: u64, kv: u64, ffn: u64) -> ModelSpec {
         v_head_dim: 0,
         mtp_layers: 0,
         implementation: Implementation::Fused,
+        moe_dispatcher: MoeDispatcher::AllToAll,
     }
 }
 
@@ -283,6 +284,7 @@ fn hf_norms_keep_an_fp32_copy_of_their_input() {
     let fused = llama_8b();
     let hf = ModelSpec {
         implementation: Implementation::Hf,
+        moe_dispatcher: MoeDispatcher::AllToAll,
         ..llama_8b()
     };
     let layout = Layout {
@@ -323,6 +325,7 @@ fn selective_recomputation_keeps_only_the_attention_cores_inputs() {
     let fused = llama_8b();
     let hf = ModelSpec {
         implementation: Implementation::Hf,
+        moe_dispatcher: MoeDispatcher::AllToAll,
         ..llama_8b()
     };
     for spec in [&fused, &hf] {
@@ -351,6 +354,7 @@ fn selective_recomputation_keeps_only_the_attention_cores_inputs() {
     // Hugging Face's MLA copies the output for o_proj: the core's own output is freed too.
     let mla = ModelSpec {
         implementation: Implementation::Hf,
+        moe_dispatcher: MoeDispatcher::AllToAll,
         ..deepseek_v3()
     };
     let (none, selective) = (at(&mla, 0.0, 0.0, 0.0), at(&mla, 1.0, 0.0, 0.0));
@@ -408,6 +412,7 @@ fn core_attn_keeps_the_mlp_and_the_fused_qkv_output() {
     // the two are the same there.
     let hf = ModelSpec {
         implementation: Implementation::Hf,
+        moe_dispatcher: MoeDispatcher::AllToAll,
         ..llama_8b()
     };
     assert_eq!(at(&hf, 3.0, 0.0), at(&hf, 1.0, 0.0));
@@ -461,6 +466,7 @@ fn megatron_modules_keep_the_inputs_of_their_checkpoints() {
     // statistic and output ((4 + 2) h + 4), and frees the next block's input.
     let hf = ModelSpec {
         implementation: Implementation::Hf,
+        moe_dispatcher: MoeDispatcher::AllToAll,
         ..llama_8b()
     };
     let (hf_plain, hf_norms) = (none(&hf), at(&hf, Modules::LAYERNORM));
@@ -1657,6 +1663,7 @@ fn every_kind_of_model() -> Vec<ModelSpec> {
     vec![
         small(ModelSpec {
             implementation: Implementation::Hf,
+            moe_dispatcher: MoeDispatcher::AllToAll,
             num_kv_heads: 4,
             ..llama_8b()
         }),
@@ -1666,6 +1673,7 @@ fn every_kind_of_model() -> Vec<ModelSpec> {
             first_dense_layers: 1,
             mtp_layers: 1,
             implementation: Implementation::Hf,
+            moe_dispatcher: MoeDispatcher::AllToAll,
             ..deepseek_v3()
         },
         small(ModelSpec {
@@ -2240,4 +2248,49 @@ fn routed_copies_are_not_divided_by_sequence_parallelism() {
     let router = 8.0 * k + experts + 2.0 * experts + 4.0 * k;
     let halved = 2.0 * h + router + 8.0 * k;
     assert_eq!(at(0.0) - at(1.0), 32.0 * halved / 2.0);
+}
+
+#[test]
+fn the_all_gather_dispatcher_keeps_its_sort_and_map_for_the_whole_group() {
+    // Mixtral, fused, tp = 2 with sequence parallelism: the all-gather dispatcher sorts
+    // the copies of every token of the group (an int64 index per copy, not halved) and
+    // keeps a byte mask and a bf16 probability per expert of the gathered tokens, half of
+    // them another rank's. Without sequence parallelism every rank holds the whole
+    // sequence already, and the two dispatchers keep the same.
+    let with = |moe_dispatcher| ModelSpec {
+        implementation: Implementation::Fused,
+        moe_dispatcher,
+        ..mixtral()
+    };
+    let (all_to_all, all_gather) = (
+        with(MoeDispatcher::AllToAll),
+        with(MoeDispatcher::AllGather),
+    );
+    let act = |spec: &ModelSpec, sequence_parallel: f64| {
+        let layout = Layout {
+            seq_len: 1.0,
+            tp: 2.0,
+            sequence_parallel,
+            ..Layout::default()
+        };
+        one(spec, &layout).act_mlp
+    };
+    let (k, experts) = (2.0, 8.0);
+    let per_token = 8.0 * k + (1.0 + 2.0) * experts;
+    assert_eq!(
+        act(&all_gather, 1.0) - act(&all_to_all, 1.0),
+        32.0 * per_token / 2.0
+    );
+    assert_eq!(act(&all_gather, 0.0), act(&all_to_all, 0.0));
+}
+
+#[test]
+fn the_all_gather_dispatcher_needs_fused_kernels() {
+    let spec = ModelSpec {
+        implementation: Implementation::Hf,
+        moe_dispatcher: MoeDispatcher::AllGather,
+        ..mixtral()
+    };
+    let message = spec.validate().unwrap_err().to_string();
+    assert!(message.contains("implementation='fused'"), "{message}");
 }
