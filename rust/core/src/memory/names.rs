@@ -93,11 +93,13 @@ impl Picker {
         (first & 0x7F) as usize | ((second & 0x7F) as usize) << 7
     }
 
-    /// The index in `padded` of the one name `row` may equal (past the end: none).
+    /// The index in `padded` of the one name `row` may equal (past the end: none). The
+    /// table holds each name's pair in every case, so that the string's code points are
+    /// looked up as they are.
     #[inline(always)]
     fn candidate(&self, row: &[u32]) -> usize {
         let (p, q) = self.positions;
-        usize::from(self.candidates[Self::key(fold_ascii(row[p]), fold_ascii(row[q]))])
+        usize::from(self.candidates[Self::key(row[p], row[q])])
     }
 
     /// A picker for `padded` (folded names, the last first), or `None` where a name is
@@ -128,9 +130,21 @@ impl Picker {
                 })
             })?;
         let mut candidates = vec![Self::NONE; 1 << 14].into_boxed_slice();
-        // The first of equal names (the last in `padded`) is the one a string finds.
+        // The first of equal names (the last in `padded`) is the one a string finds. A
+        // name's pair in another case is no other name's (names are folded to lowercase).
+        let cases = |c: u32| {
+            if (u32::from(b'a')..=u32::from(b'z')).contains(&c) {
+                [c, c - 32]
+            } else {
+                [c, c]
+            }
+        };
         for (index, (name, _)) in padded.iter().enumerate() {
-            candidates[Self::key(name[p], name[q])] = index as u8;
+            for first in cases(name[p]) {
+                for second in cases(name[q]) {
+                    candidates[Self::key(first, second)] = index as u8;
+                }
+            }
         }
         Some(Picker {
             positions: (p, q),
