@@ -145,11 +145,6 @@ class ModelSpec:
             raise InvalidValueError(
                 f"moe_dispatcher must be 'alltoall' or 'allgather', got {self.moe_dispatcher!r}"
             )
-        if self.moe_dispatcher == "allgather" and self.implementation != "fused":
-            raise InvalidValueError(
-                "moe_dispatcher='allgather' is Megatron-Core's all-gather token dispatcher: "
-                "it needs implementation='fused'"
-            )
         if self.norm not in ("rmsnorm", "layernorm"):
             raise InvalidValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
         if self.num_heads % self.kv_heads != 0:
