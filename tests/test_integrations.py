@@ -79,6 +79,35 @@ def test_accelerate_refuses_what_it_cannot_pass_through() -> None:
         prepare_data_loader(dispatching, DataLoader(documents(), batch_sampler=sampler()))
 
 
+def test_accelerate_leaves_a_restored_position_alone() -> None:
+    # Accelerate's loader sets its iteration count as the epoch of what it holds; the
+    # prepared loader must not pass that to the sampler (it would restart epoch 0).
+    uninterrupted = sampler()
+    uninterrupted.set_epoch(1)
+    expected = [list(batch) for batch in uninterrupted][3:]
+    resumed = sampler()
+    resumed.load_state_dict({**uninterrupted.state_dict(), "step": 3})
+    loader = DataLoader(documents(), batch_sampler=resumed, collate_fn=list)
+    prepared = prepare_data_loader(Accelerator(cpu=True), loader)
+    docs = [[doc["input_ids"][:2] for doc in batch] for batch in prepared]
+    assert docs == [[documents()[i]["input_ids"][:2] for i in batch] for batch in expected]
+
+
+def test_a_sampler_sharded_again_by_accelerate_refuses_at_its_first_batch() -> None:
+    # Accelerate's documented prepare_data_loader for 2 processes, in one: the sampler
+    # finds the loader that shards it among those Accelerate is iterating.
+    from accelerate.data_loader import prepare_data_loader as shard
+
+    batches = sampler(num_replicas=2, rank=0)
+    loader = shard(DataLoader(documents(), batch_sampler=batches, collate_fn=list), num_processes=2)
+    with pytest.raises(InvalidValueError, match=r"over 2 processes.*prepare_data_loader"):
+        next(iter(loader))
+    unsharded = shard(
+        DataLoader(documents(), batch_sampler=batches, collate_fn=list), num_processes=1
+    )
+    assert len(list(unsharded)) == len(batches)
+
+
 # -- Hugging Face Trainer ----------------------------------------------------------------
 
 

@@ -26,6 +26,13 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenbatch import _core
+from tokenbatch._arrow import (
+    CHUNK_TOKENS,
+    INT32_MAX,
+    is_large,
+    packed_columns,
+    packed_schema,
+)
 from tokenbatch._convert import as_int
 from tokenbatch._core import get_num_threads
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
@@ -38,7 +45,6 @@ __all__ = ["pack_dataset", "pack_table"]
 
 DatasetLike = TypeVar("DatasetLike")
 _I64 = npt.NDArray[np.int64]
-_INT32_MAX = 2**31 - 1
 
 
 def pack_dataset(
@@ -105,6 +111,8 @@ def pack_dataset(
         )
         return table  # type: ignore[no-any-return]
     datasets = _import_datasets(dataset)
+    from tokenbatch.integrations._compat import datasets as datasets_compat
+
     if isinstance(dataset, datasets.IterableDataset):
         raise InvalidTypeError(
             "pack_dataset needs a map-style datasets.Dataset; pack an IterableDataset "
@@ -131,8 +139,8 @@ def pack_dataset(
     # without one, datasets would hash every token of the result.
     digest = hashlib.blake2b(digest_size=8)
     options = (max_tokens, algorithm, oversize, columns, max_seqs, position_ids, seed)
-    digest.update(f"{getattr(dataset, '_fingerprint', '')}/tokenbatch.pack/{options!r}".encode())
-    packed = datasets.Dataset(datasets.table.InMemoryTable(table), fingerprint=digest.hexdigest())
+    digest.update(f"{datasets_compat.fingerprint(dataset)}/tokenbatch.pack/{options!r}".encode())
+    packed = datasets.Dataset(table, fingerprint=digest.hexdigest())
     if dataset.format["type"] is not None:
         packed = packed.with_format(dataset.format["type"])
     return packed  # type: ignore[no-any-return]
@@ -166,7 +174,7 @@ def pack_table(
         raise InvalidTypeError(f"position_ids must be a bool, got {position_ids!r}")
     if table.num_rows == 0:
         raise InvalidValueError("the dataset is empty: there is nothing to pack")
-    names = _packed_columns(table, columns)
+    names = packed_columns(table.schema, columns)
     for output in ("seq_lengths", "position_ids") if position_ids else ("seq_lengths",):
         if output in table.column_names:
             raise InvalidValueError(
@@ -191,10 +199,7 @@ def pack_table(
         for i, offsets in enumerate(all_offsets)
     ]
     sources = {j: all_offsets[j].astype(np.int64)[seg_rows] + seg_starts for j in set(owner)}
-    large = [
-        pa.types.is_large_list(array.type) or _CHUNK_TOKENS + budget > _INT32_MAX
-        for array in arrays
-    ]
+    large = [is_large(array.type, budget, _CHUNK_TOKENS) for array in arrays]
     # Fixed-width values are copied segment by segment in Rust; the others (nulls inside
     # lists, booleans, strings, nested lists) go through Arrow `take` with a token index.
     words = [_as_words(array.values) for array in arrays]
@@ -216,7 +221,7 @@ def pack_table(
             j = owner[i]
             if j not in gathers:
                 if j not in buffers:
-                    wide = int(all_offsets[j][-1]) > _INT32_MAX
+                    wide = int(all_offsets[j][-1]) > INT32_MAX
                     buffers[j] = np.empty(buffer_size, dtype=np.int64 if wide else np.int32)
                 gathers[j] = _gather_index(
                     sources[j][s0:s1], lengths_here, starts_here, buffers[j][:count]
@@ -263,24 +268,22 @@ def pack_table(
     chunks = [[columns[i] for columns, _ in assembled] for i in range(len(arrays))]
     position_chunks = [chunk for _, chunk in assembled]
     del assembled
-    out_names = list(names)
-    packed_columns = [
-        pa.chunked_array(column, type=_list_type(array.type, wide))
-        for column, array, wide in zip(chunks, arrays, large, strict=True)
+    schema = packed_schema(table.schema, names, budget, position_ids, _CHUNK_TOKENS)
+    out_columns = [
+        pa.chunked_array(column, type=field.type)
+        for column, field in zip(chunks, schema, strict=False)
     ]
-    length_type = pa.int32() if budget <= _INT32_MAX else pa.int64()
-    seq_lengths = pa.array(seg_lengths.astype(length_type.to_pandas_dtype()))
-    packed_columns.append(
-        pa.chunked_array([_list_from(bin_offsets, seq_lengths, length_type, large=False)])
+    lengths_type = schema.field("seq_lengths").type.value_type
+    seq_lengths = pa.array(seg_lengths.astype(lengths_type.to_pandas_dtype()))
+    out_columns.append(
+        pa.chunked_array([_list_from(bin_offsets, seq_lengths, lengths_type, large=False)])
     )
-    out_names.append("seq_lengths")
     if position_ids:
-        packed_columns.append(pa.chunked_array(position_chunks, type=pa.list_(pa.int64())))
-        out_names.append("position_ids")
-    return pa.Table.from_arrays(packed_columns, names=out_names), packing
+        out_columns.append(pa.chunked_array(position_chunks, type=pa.list_(pa.int64())))
+    return pa.Table.from_arrays(out_columns, schema=schema), packing
 
 
-_CHUNK_TOKENS = 1 << 24
+_CHUNK_TOKENS = CHUNK_TOKENS
 
 
 def _bin_groups(row_offsets: _I64, tokens: int) -> list[tuple[int, int]]:
@@ -335,52 +338,6 @@ def _import_datasets(dataset: object) -> Any:
     return datasets
 
 
-def _packed_columns(table: pa.Table, columns: Sequence[str] | None) -> list[str]:
-    import pyarrow as pa
-
-    def is_list(name: str) -> bool:
-        kind = table.schema.field(name).type
-        return bool(
-            pa.types.is_list(kind)
-            or pa.types.is_large_list(kind)
-            or pa.types.is_fixed_size_list(kind)
-        )
-
-    if columns is None:
-        names = list(table.column_names)
-        if not names:
-            raise InvalidValueError("the dataset has no columns")
-        not_lists = [name for name in names if not is_list(name)]
-        if not_lists:
-            lists = [name for name in names if is_list(name)]
-            described = ", ".join(f"{n!r} ({table.schema.field(n).type})" for n in not_lists)
-            if not lists:
-                raise InvalidTypeError(
-                    f"no column holds token lists (columns: {described}); tokenize first"
-                )
-            raise InvalidTypeError(
-                f"columns {described} are not lists and cannot be packed with the list "
-                f"columns {lists}; pass columns={lists} to pack those and leave the others out"
-            )
-        return names
-    if isinstance(columns, str):
-        raise InvalidTypeError("columns must be a sequence of column names, not a string")
-    names = list(columns)
-    if not names:
-        raise InvalidValueError("columns is empty: name at least one list column to pack")
-    unknown = [name for name in names if name not in table.column_names]
-    if unknown:
-        raise InvalidValueError(f"unknown columns {unknown}; the table has {table.column_names}")
-    if len(set(names)) != len(names):
-        raise InvalidValueError(f"columns lists a column twice: {names}")
-    for name in names:
-        if not is_list(name):
-            raise InvalidTypeError(
-                f"column {name!r} is {table.schema.field(name).type}, not a list of tokens"
-            )
-    return names
-
-
 def _list_array(table: pa.Table, name: str) -> Any:
     """The column as one ``ListArray``/``LargeListArray`` without nulls."""
     import pyarrow as pa
@@ -431,13 +388,6 @@ def _non_empty_segments(packing: Packing) -> tuple[_I64, _I64, _I64, _I64]:
     np.cumsum(keep, out=kept_before[1:])
     new_offsets = np.unique(kept_before[offsets])  # bins left empty collapse
     return rows[keep], starts[keep], lengths[keep], new_offsets
-
-
-def _list_type(list_type: Any, large: bool) -> Any:
-    import pyarrow as pa
-
-    value_field = list_type.value_field
-    return pa.large_list(value_field) if large else pa.list_(value_field)
 
 
 def _list_from(offsets: _I64, values: Any, list_type: Any, large: bool) -> Any:

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from tokenbatch import hf
+from tokenbatch._arrow import packed_columns, packed_schema
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchError
-from tokenbatch.hf import _list_type, _packed_columns, pack_table
+from tokenbatch.hf import pack_table
 from tokenbatch.packing import Algorithm
 
 __all__ = ["PackingFailedError", "pack"]
@@ -109,7 +109,7 @@ def pack(
     if schema is None:
         raise InvalidValueError("the dataset is empty: there is nothing to pack")
     arrow_schema = getattr(schema, "base_schema", schema)
-    names = _packed_columns(arrow_schema.empty_table(), columns)
+    names = packed_columns(arrow_schema, columns)
     for taken in ("seq_lengths", "position_ids") if position_ids else ("seq_lengths",):
         if taken in arrow_schema.names:
             raise InvalidValueError(
@@ -311,20 +311,11 @@ def _remove_dir(fs: Any, folder: str) -> None:
 
 def _pack_batch(batch: Any, **options: Any) -> Any:
     """Pack one batch of rows (a ``pyarrow.Table``); runs inside a Ray task."""
-    import pyarrow as pa
-
     if batch.num_rows == 0:
         # The schema pack_table gives non-empty batches, so that all blocks agree.
-        budget = options["max_tokens"]
-        fields = []
-        for name in options["columns"]:
-            kind = batch.schema.field(name).type
-            large = pa.types.is_large_list(kind) or hf._CHUNK_TOKENS + budget > 2**31 - 1
-            fields.append(pa.field(name, _list_type(kind, large=large)))
-        length_type = pa.int32() if budget <= 2**31 - 1 else pa.int64()
-        fields.append(pa.field("seq_lengths", pa.list_(length_type)))
-        if options["position_ids"]:
-            fields.append(pa.field("position_ids", pa.list_(pa.int64())))
-        return pa.schema(fields).empty_table()
+        schema = packed_schema(
+            batch.schema, options["columns"], options["max_tokens"], options["position_ids"]
+        )
+        return schema.empty_table()
     table, _ = pack_table(batch, **options)
     return table

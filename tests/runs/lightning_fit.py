@@ -107,9 +107,9 @@ def fit(
 def main() -> None:
     start_workers_from_a_fork_server()
     out = Path(sys.argv[1])
-    try:  # Lightning would replace the sampler: refused before anything runs
+    try:  # Lightning would replace the sampler: it refuses before anything runs
         fit(out, "refused", distributed_sampler=True)
-    except InvalidValueError as error:
+    except (InvalidValueError, TypeError) as error:
         Log(out, "refused").write(error=str(error))
     fit(out, "uninterrupted")
     fit(out, "stopped", workers=1, stop=True)

@@ -6,9 +6,10 @@ processes: with more than one process it wraps the loader's batch sampler in
 on process ``r``. :class:`~tokenbatch.torch.TokenBudgetBatchSampler` is already
 rank-aware (each rank yields its own column of one shared plan), so sharded once more each
 rank would run half its steps and train on about ``1 / P`` of the data, with no error.
-:func:`prepare_data_loader` prepares the loader the same way but lets the sampler's
-batches through unsharded, as ``transformers.Trainer`` does for its own rank-aware
-sampler::
+:func:`prepare_data_loader` prepares the loader with Accelerate's documented
+``accelerate.data_loader.prepare_data_loader`` for one process, with the accelerator's
+settings, so the sampler's batches pass through unsharded (and the sampler refuses to be
+iterated under a plain ``accelerator.prepare``, see ``docs/trainers.md``)::
 
     from tokenbatch.integrations.accelerate import prepare_data_loader
 
@@ -18,16 +19,33 @@ sampler::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import accelerate.data_loader
 from accelerate import Accelerator
-from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.torch.sampler import TokenBudgetBatchSampler
+from tokenbatch.integrations._compat import accelerate as accelerate_compat
+from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
 
 __all__ = ["prepare_data_loader"]
+
+#: DataLoader options carried over to the prepared loader, where this torch has them.
+_LOADER_OPTIONS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 
 
 def prepare_data_loader(
@@ -39,9 +57,10 @@ def prepare_data_loader(
 
     The result is Accelerate's own prepared loader (device placement, the end-of-data
     signal of gradient accumulation, ``accelerator.save_state`` bookkeeping), so use it as
-    any prepared loader; call ``sampler.set_epoch(epoch)`` before each epoch, and resume
-    with ``sampler.load_state_dict`` rather than ``accelerator.skip_first_batches`` (which
-    would replay the skipped batches).
+    any prepared loader; call ``sampler.set_epoch(epoch)`` before each epoch (the prepared
+    loader leaves the sampler's epoch alone), and resume with ``sampler.load_state_dict``
+    rather than ``accelerator.skip_first_batches`` (which would replay the skipped
+    batches).
 
     Raises:
         InvalidTypeError: the loader's batch sampler is not a ``TokenBudgetBatchSampler``.
@@ -49,11 +68,11 @@ def prepare_data_loader(
             processes (for example before the process group existed), or the accelerator
             dispatches batches from the main process (``dispatch_batches=True``).
     """
-    sampler = _token_budget_sampler(loader)
-    if sampler is None:
+    sampler = loader.batch_sampler
+    if not isinstance(sampler, TokenBudgetBatchSampler):
         raise InvalidTypeError(
             "loader.batch_sampler must be a TokenBudgetBatchSampler, got "
-            f"{type(loader.batch_sampler).__name__}; for other samplers use accelerator.prepare"
+            f"{type(sampler).__name__}; for other samplers use accelerator.prepare"
         )
     if (sampler.num_replicas, sampler.rank) != (
         accelerator.num_processes,
@@ -71,21 +90,61 @@ def prepare_data_loader(
             "which would split the main process's micro-batches among the others; every rank "
             "reads its own micro-batches with dispatch_batches=False"
         )
-    prepared = accelerator.prepare_data_loader(loader, device_placement=device_placement)
-    shard = prepared.batch_sampler
-    if isinstance(shard, BatchSamplerShard) and shard.batch_sampler is sampler:
-        # One "process" yields every batch: what transformers.Trainer does for its own
-        # rank-aware BatchRebalanceSampler.
-        shard.num_processes = 1
-        shard.process_index = 0
-    result: DataLoader[Any] = prepared
-    return result
+    return prepare_batches(accelerator, loader, PlanBatches(sampler), device_placement)
 
 
-def _token_budget_sampler(loader: object) -> TokenBudgetBatchSampler | None:
-    """The :class:`~tokenbatch.torch.TokenBudgetBatchSampler` a loader draws its batches
-    from (directly, or through Accelerate's ``BatchSamplerShard``), else ``None``."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    if isinstance(batch_sampler, BatchSamplerShard):
-        batch_sampler = batch_sampler.batch_sampler
-    return batch_sampler if isinstance(batch_sampler, TokenBudgetBatchSampler) else None
+class PlanBatches:
+    """The batches of a token-budget sampler as the prepared loader draws them.
+
+    It has no ``set_epoch`` and does not expose the sampler as ``sampler`` or
+    ``batch_sampler``: Accelerate's loader sets its own iteration count as the epoch of
+    what it holds, which would discard a position the sampler restored; the training
+    loop sets the sampler's epoch. ``state_dict`` / ``load_state_dict`` are the
+    sampler's, for a ``StatefulDataLoader``.
+    """
+
+    def __init__(self, sampler: TokenBudgetBatchSampler) -> None:
+        self.token_budget_sampler = sampler
+
+    def __iter__(self) -> Iterator[BatchIndices]:
+        return iter(self.token_budget_sampler)
+
+    def __len__(self) -> int:
+        return len(self.token_budget_sampler)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.token_budget_sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.token_budget_sampler.load_state_dict(state)
+
+
+def prepare_batches(
+    accelerator: Accelerator,
+    loader: DataLoader[Any],
+    batches: PlanBatches,
+    device_placement: bool | None = None,
+) -> DataLoader[Any]:
+    """``loader`` drawing ``batches``, prepared as ``accelerator.prepare_data_loader``
+    does but for one process: Accelerate's documented ``prepare_data_loader`` with the
+    accelerator's settings and ``num_processes=1``."""
+    options = {name: getattr(loader, name) for name in _LOADER_OPTIONS if hasattr(loader, name)}
+    unsharded: DataLoader[Any] = DataLoader(loader.dataset, batch_sampler=batches, **options)
+    if device_placement is None:
+        device_placement = accelerator.device_placement
+    prepared: DataLoader[Any] = accelerate.data_loader.prepare_data_loader(
+        unsharded,
+        accelerator.device,
+        num_processes=1,
+        process_index=0,
+        put_on_device=device_placement,
+        rng_types=list(accelerator.rng_types),
+        dispatch_batches=False,
+        even_batches=accelerator.even_batches,
+        use_seedable_sampler=accelerator.use_seedable_sampler,
+        data_seed=accelerator.dataloader_config.data_seed,
+        non_blocking=accelerator.non_blocking,
+        use_stateful_dataloader=accelerator.use_stateful_dataloader,
+    )
+    accelerate_compat.track_data_loader(accelerator, prepared)
+    return prepared

@@ -20,7 +20,9 @@ tokens of its whole optimizer step over all ranks to normalize the loss::
         return self.model(**inputs, num_items_in_batch=n).loss * budget.loss_scale
 
 ``use_distributed_sampler=False`` keeps Lightning from replacing the sampler: the plan is
-already distributed.
+already distributed (with it on, Lightning refuses the sampler before training, naming the
+option). The callback uses Lightning's hooks only, and at every epoch's start checks that
+the loader Lightning trains on still draws from its sampler.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import numpy.typing as npt
+from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.integrations._source import SamplerFrom
@@ -53,9 +56,9 @@ class TokenBudgetCallback(pl.Callback):
             sequence's first token (see :func:`tokenbatch.torch.optimizer_steps`).
 
     Raises:
-        InvalidValueError: in ``setup``: the Trainer would replace the sampler
-            (``use_distributed_sampler=True`` with several processes), or the sampler
-            was built for other ranks than the Trainer's.
+        InvalidValueError: in ``setup``, the sampler was built for other ranks than the
+            Trainer's; at an epoch's start, the training loader does not draw its batches
+            from the sampler (Lightning replaced it).
     """
 
     def __init__(
@@ -116,18 +119,19 @@ class TokenBudgetCallback(pl.Callback):
                 "that builds it (called once the processes exist), or build it with "
                 "num_replicas=trainer.world_size, rank=trainer.global_rank"
             )
-        connector = getattr(trainer, "_accelerator_connector", None)
-        if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", False):
-            raise InvalidValueError(
-                "Trainer(use_distributed_sampler=True) would replace the token-budget sampler, "
-                "whose plan is already distributed; pass use_distributed_sampler=False"
-            )
         self._world_size = trainer.world_size
         self._accumulate = trainer.accumulate_grad_batches
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Set the sampler's epoch (Lightning sets a loader's sampler's, not its batch
-        sampler's)."""
+        sampler's), after checking that the training loader still draws from it."""
+        loader = trainer.train_dataloader
+        if isinstance(loader, DataLoader) and loader.batch_sampler is not self.sampler:
+            raise InvalidValueError(
+                "the training loader no longer draws its batches from the token-budget sampler "
+                f"(it holds {type(loader.batch_sampler).__name__}): Lightning replaced it; "
+                "pass Trainer(use_distributed_sampler=False), the plan is already distributed"
+            )
         self.sampler.set_epoch(trainer.current_epoch)
         self._start = self._position = self.sampler.start_step
         self._steps = None

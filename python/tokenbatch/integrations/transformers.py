@@ -22,9 +22,16 @@ It gives, on any number of data-parallel processes:
   the checkpoint folder (``tokenbatch_sampler.json``) and restored, and the Trainer does
   not skip (replay) batches itself.
 
-The Trainer's loop sees one item per optimizer step (all its micro-batches), so
-``trainer.args`` is a copy of the arguments with ``gradient_accumulation_steps=1``;
-:attr:`TokenBudgetTrainerMixin.micro_batches_per_step` holds the value you gave.
+It is built on the Trainer's public extension points: ``get_train_dataloader``,
+``set_initial_training_values``, ``get_batch_samples``, ``training_step`` and
+``floating_point_ops`` overridden, a ``TrainerCallback`` that saves the sampler's position
+with every checkpoint, and the arguments ``ignore_data_skip`` and
+``gradient_accumulation_steps``: the Trainer's loop sees one item per optimizer step (all
+its micro-batches), so ``trainer.args`` is a copy of the arguments with
+``gradient_accumulation_steps=1`` and ``ignore_data_skip=True`` (the sampler starts where
+it stopped, the Trainer skips nothing); :attr:`TokenBudgetTrainerMixin.micro_batches_per_step`
+holds the value you gave. The Trainer's removal of unused columns is reached through
+``tokenbatch.integrations._compat.transformers``, the only private hooks.
 ``per_device_train_batch_size``, ``group_by_length`` and ``dataloader_drop_last`` do not
 apply: the sampler decides the batches.
 """
@@ -45,12 +52,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainerState
+from transformers import Trainer, TrainerCallback, TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, seed_worker
 
 from tokenbatch.errors import InvalidValueError
+from tokenbatch.integrations._compat import transformers as transformers_compat
 from tokenbatch.integrations._source import SamplerFrom
-from tokenbatch.integrations.accelerate import prepare_data_loader
+from tokenbatch.integrations.accelerate import PlanBatches, prepare_batches
 from tokenbatch.torch.collate import PackedCollator
 from tokenbatch.torch.sampler import TokenBudgetBatchSampler
 from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
@@ -60,6 +68,16 @@ __all__ = ["SAMPLER_STATE_NAME", "TokenBudgetTrainer", "TokenBudgetTrainerMixin"
 #: The file, in every checkpoint folder, that holds the sampler's position.
 SAMPLER_STATE_NAME = "tokenbatch_sampler.json"
 
+#: DataLoader options the Trainer's arguments give, where this transformers has them.
+_LOADER_ARGUMENTS = {
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+    "multiprocessing_context": "dataloader_multiprocessing_context",
+    "in_order": "dataloader_in_order",
+}
+
 # The mixin calls Trainer methods through super(); type-check it as a Trainer.
 if TYPE_CHECKING:
     _TrainerBase = Trainer
@@ -68,7 +86,57 @@ else:
 
 
 class _StepBatches(list):  # type: ignore[type-arg]
-    """The micro-batches of one optimizer step: one item of the Trainer's loop."""
+    """The micro-batches of one optimizer step: one item of the Trainer's loop.
+
+    Read by name (``inputs["input_ids"]``), it is the tokens of all its micro-batches,
+    so that the Trainer's count of input tokens seen
+    (``include_num_input_tokens_seen``) counts every micro-batch of the step.
+    """
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return bool(self) and all(key in batch for batch in self)
+        return super().__contains__(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return torch.cat([torch.as_tensor(batch[key]).reshape(-1) for batch in self])
+        return super().__getitem__(key)
+
+
+class _TrainerEpochs(PlanBatches):
+    """The sampler's batches in the Trainer's loader, taking the Trainer's epochs: the
+    first epoch the Trainer sets is the sampler's ``first`` epoch (where a resumed run
+    continues), and each later one the next."""
+
+    def __init__(self, sampler: TokenBudgetBatchSampler, first: int) -> None:
+        super().__init__(sampler)
+        self._first = first
+        self._trainer_first: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        if self._trainer_first is None:
+            self._trainer_first = epoch
+        self.token_budget_sampler.set_epoch(self._first + epoch - self._trainer_first)
+
+
+class _SaveSamplerState(TrainerCallback):
+    """Writes the sampler's position into every checkpoint folder the Trainer saves."""
+
+    def __init__(self, trainer: TokenBudgetTrainerMixin) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if args.should_save:
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if not os.path.isdir(folder):
+                raise InvalidValueError(
+                    f"the Trainer saved no checkpoint at {folder} (a hyperparameter search "
+                    "saves into folders of its own, which a token-budget Trainer does not "
+                    "support): the sampler's position has nowhere to go"
+                )
+            with open(os.path.join(folder, SAMPLER_STATE_NAME), "w") as file:
+                json.dump(self.trainer.sampler_state(), file, indent=1)
 
 
 class _StepCursor:
@@ -130,7 +198,7 @@ class TokenBudgetTrainerMixin(_TrainerBase):
         if len(args) < 3 and kwargs.get("data_collator") is None:
             kwargs["data_collator"] = PackedCollator()
         super().__init__(*args, **kwargs)
-        if not self.args.average_tokens_across_devices:
+        if not getattr(self.args, "average_tokens_across_devices", True):
             raise InvalidValueError(
                 "average_tokens_across_devices=False: the loss of each micro-batch is normalized "
                 "by the label tokens of its optimizer step on all ranks, which needs True"
@@ -139,12 +207,14 @@ class TokenBudgetTrainerMixin(_TrainerBase):
         self.micro_batches_per_step: int = self.args.gradient_accumulation_steps
         self.args = copy.copy(self.args)
         self.args.gradient_accumulation_steps = 1
+        self.args.ignore_data_skip = True
         self._sampler_source = source
         self._checked = False
         self._label_counts = label_counts
         self._cursor: _StepCursor | None = None
         # (global step, epoch to start at) of the checkpoint train() resumes from.
         self._resume: tuple[int, int] | None = None
+        self.add_callback(_SaveSamplerState(self))
 
     # -- the sampler ----------------------------------------------------------------
 
@@ -178,26 +248,21 @@ class TokenBudgetTrainerMixin(_TrainerBase):
         if self.train_dataset is None:
             raise InvalidValueError("training needs a train_dataset")
         sampler = self.token_budget_sampler
-        dataset = self.train_dataset
-        collator = self.data_collator
-        if _is_hf_dataset(dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
-        else:
-            collator = self._get_collator_with_removed_columns(collator, description="training")
+        dataset, collator = transformers_compat.training_data(
+            self, self.train_dataset, self.data_collator, _is_hf_dataset(self.train_dataset)
+        )
         args = self.args
         options: dict[str, Any] = {
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory,
-            "persistent_workers": args.dataloader_persistent_workers,
-            "multiprocessing_context": args.dataloader_multiprocessing_context,
-            "prefetch_factor": args.dataloader_prefetch_factor,
-            "in_order": args.dataloader_in_order,
-            "worker_init_fn": partial(
-                seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
-            ),
+            option: getattr(args, argument)
+            for option, argument in _LOADER_ARGUMENTS.items()
+            if hasattr(args, argument)
         }
-        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, **options)
-        return prepare_data_loader(self.accelerator, loader)
+        options["worker_init_fn"] = partial(
+            seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index
+        )
+        loader = DataLoader(dataset, collate_fn=collator, **options)
+        first_epoch = self._resume[1] if self._resume else 0
+        return prepare_batches(self.accelerator, loader, _TrainerEpochs(sampler, first_epoch))
 
     # -- the training loop ----------------------------------------------------------
 
@@ -225,13 +290,17 @@ class TokenBudgetTrainerMixin(_TrainerBase):
             **kwargs,
         )
 
-    def set_initial_training_values(
-        self, args: Any, dataloader: DataLoader[Any]
-    ) -> tuple[int, int, int, int, int, int | None, int]:
+    def set_initial_training_values(self, args: Any, dataloader: Any, *rest: Any) -> Any:
         """The Trainer's epoch and step counts, exact from the plan: optimizer steps per
-        epoch vary with a schedule, and a resumed epoch has only its remaining steps."""
-        values = super().set_initial_training_values(args, dataloader)
-        _, _, num_examples, num_train_samples, total_batch_size, _, _ = values
+        epoch vary with a schedule, and a resumed epoch has only its remaining steps.
+
+        Of the values the Trainer computes, the epochs to train, the optimizer steps per
+        epoch, the steps in an epoch and the total steps (first, second, sixth and last)
+        are replaced; the Trainer counts the epochs a resumed run has trained as the
+        checkpoint's global step over the steps per epoch, so the epochs to train start
+        from there.
+        """
+        values = list(super().set_initial_training_values(args, dataloader, *rest))
         global_step, start_epoch = self._resume or (0, 0)
         sampler = self.token_budget_sampler
         counts: list[int] = []  # optimizer steps left in each epoch from start_epoch on
@@ -261,30 +330,11 @@ class TokenBudgetTrainerMixin(_TrainerBase):
                 counts.append(steps_left(epoch, fraction if last else 1.0))
             max_steps = global_step + sum(counts)
         per_epoch = max([*counts, 1])
-        return (
-            num_train_epochs,
-            per_epoch,
-            num_examples,
-            num_train_samples,
-            total_batch_size,
-            per_epoch,
-            max_steps,
-        )
-
-    def _init_training_state(
-        self,
-        max_steps: int,
-        num_update_steps_per_epoch: int,
-        num_train_epochs: int,
-        resume_from_checkpoint: str | None,
-        trial: Any,
-    ) -> tuple[int, int]:
-        # The epoch to start at comes from the sampler state, and the Trainer skips
-        # nothing: the sampler starts at its restored position.
-        super()._init_training_state(
-            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
-        )
-        return (self._resume[1] if self._resume else 0), 0
+        # The Trainer's own epoch count restarts at global_step // per_epoch.
+        values[0] = global_step // per_epoch + len(counts)
+        values[1] = values[5] = per_epoch
+        values[-1] = max_steps
+        return tuple(values)
 
     def get_batch_samples(
         self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
@@ -332,29 +382,17 @@ class TokenBudgetTrainerMixin(_TrainerBase):
             return sum(super(TokenBudgetTrainerMixin, self).floating_point_ops(b) for b in inputs)
         return super().floating_point_ops(inputs)
 
-    def _track_num_input_tokens(self, inputs: Any) -> None:
-        batches = inputs if isinstance(inputs, _StepBatches) else [inputs]
-        for batch in batches:
-            super()._track_num_input_tokens(batch)  # type: ignore[no-untyped-call]
-
     # -- checkpoints ----------------------------------------------------------------
 
-    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
-        if not self.args.should_save:
-            return
+    def sampler_state(self) -> dict[str, Any]:
+        """The sampler's position after the micro-batches the loop has trained on (what a
+        checkpoint saves as ``tokenbatch_sampler.json``)."""
         sampler = self.token_budget_sampler
         cursor = self._cursor
         if cursor is not None and cursor.steps.epoch == sampler.epoch:
             # DataLoader workers and Accelerate read ahead of the loop; count what the loop took.
-            state = sampler.state_dict(consumed_batches=cursor.position - cursor.start)
-        else:
-            state = sampler.state_dict()
-        folder = os.path.join(
-            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        )
-        with open(os.path.join(folder, SAMPLER_STATE_NAME), "w") as file:
-            json.dump(state, file, indent=1)
+            return sampler.state_dict(consumed_batches=cursor.position - cursor.start)
+        return sampler.state_dict()
 
     def _restore_sampler(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, SAMPLER_STATE_NAME)

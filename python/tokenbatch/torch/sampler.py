@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import sys
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
@@ -24,6 +23,7 @@ from tokenbatch._convert import (
 )
 from tokenbatch.distribute import PLAN_FORMAT, Balance, EpochPlan, Planner, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.integrations._sharding import accelerate_shards
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
 
@@ -449,7 +449,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     def __iter__(self) -> Iterator[BatchIndices]:
         # A generator, so that the bookkeeping happens at the first ``next``: DataLoader
         # calls ``iter`` more than once per epoch and drops the iterators it never reads.
-        self._refuse_second_sharding(sys._getframe(1).f_locals.get("self"))
+        self._refuse_second_sharding()
         plan = self.plan()
         start = self._cursor.start
         self._cursor = dataclasses.replace(self._cursor, start=0)
@@ -458,23 +458,12 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             self._position += 1
             yield batch
 
-    def _refuse_second_sharding(self, caller: object) -> None:
-        """Raise when Accelerate's ``BatchSamplerShard`` is what iterates this sampler.
-
-        ``accelerator.prepare(loader)`` (and so every trainer built on Accelerate) wraps a
-        loader's batch sampler in ``BatchSamplerShard``, which keeps every ``P``-th batch on
-        each of ``P`` processes. This sampler already yields only this rank's batches, so
-        the wrapper would silently drop about ``1 - 1/P`` of them. A sampler cannot see who
-        wraps it, but the wrapper is the frame that pulls the first batch; its class is
-        matched by name so that tokenbatch never imports accelerate.
-        """
-        if (
-            type(caller).__name__ == "BatchSamplerShard"
-            and type(caller).__module__.startswith("accelerate")
-            and getattr(caller, "batch_sampler", None) is self
-            and getattr(caller, "num_processes", 1) > 1
-        ):
-            processes = getattr(caller, "num_processes", 1)
+    def _refuse_second_sharding(self) -> None:
+        """Raise when Accelerate shards this sampler's batches over its processes again
+        (see :mod:`tokenbatch.integrations._sharding`): each rank would silently keep only
+        1 of every ``P`` of its own batches."""
+        processes = accelerate_shards(self)
+        if processes > 1:
             raise InvalidValueError(
                 f"accelerator.prepare() shards the batches of this TokenBudgetBatchSampler "
                 f"again over {processes} processes, so each rank would keep 1 of every "
