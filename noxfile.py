@@ -1,0 +1,231 @@
+"""The integration tests on the oldest and the newest release of every library tokenbatch
+integrates with, one session per integration and stack:
+
+    nox -l                                      # the sessions
+    nox -s "integration(hf_trainer, oldest)"    # one of them
+    nox -t oldest                               # every integration on its oldest stack
+    nox -t lightning                            # one integration on both stacks
+    nox                                         # all of them
+
+The ``oldest`` stack installs exactly the lower bound of every requirement of the
+``torch``, ``hf``, ``trl``, ``lightning``, ``torchdata`` and ``ray`` extras and of numpy
+(pyproject.toml is the one place they are written); ``newest`` installs the newest
+releases those ranges allow. Each session installs one tokenbatch wheel, built once per
+``nox`` run (or the wheel ``TOKENBATCH_WHEEL`` names), runs the integration's tests
+against the installed package, and writes its row of the table in
+``docs/compatibility.md``: the releases it ran on and its result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+TABLE = ROOT / "docs" / "compatibility.md"
+TABLE_START, TABLE_END = "<!-- sessions: start -->", "<!-- sessions: end -->"
+
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_missing_interpreters = True
+
+#: The extras whose releases make a stack (every session installs all of them).
+STACK_EXTRAS = ("torch", "hf", "trl", "lightning", "torchdata", "ray")
+STACKS = ("oldest", "newest")
+
+
+@dataclasses.dataclass(frozen=True)
+class Integration:
+    title: str
+    libraries: tuple[str, ...]  # the releases its row names
+    tests: tuple[str, ...]
+    select: str  # pytest -k expression over those files
+    runs: str  # what the tests run, for the table
+
+
+INTEGRATIONS = {
+    "hf_trainer": Integration(
+        "Hugging Face Trainer",
+        ("transformers", "accelerate", "datasets", "torch", "numpy"),
+        ("tests/test_trainers.py", "tests/test_integrations.py"),
+        "test_trainer_",
+        "2 ranks: gradient accumulation and a batch-size ramp, each stopped mid-epoch and "
+        "resumed exactly",
+    ),
+    "trl_sft": Integration(
+        "TRL SFTTrainer",
+        ("trl", "transformers", "accelerate", "torch", "numpy"),
+        ("tests/test_trainers.py", "tests/test_integrations.py", "tests/test_sft_recipe.py"),
+        "sft or the_documented_config or packed_rows_train or the_trainer_trains",
+        "2 ranks on TRL's own tokenization; the padding-free SFT recipe",
+    ),
+    "accelerate_loop": Integration(
+        "Accelerate loop",
+        ("accelerate", "torch", "numpy"),
+        ("tests/test_trainers.py", "tests/test_integrations.py"),
+        "accelerate",
+        "2 ranks with prepare_data_loader; plain accelerator.prepare refused on every rank",
+    ),
+    "lightning": Integration(
+        "Lightning",
+        ("lightning", "torch", "numpy"),
+        ("tests/test_trainers.py", "tests/test_integrations.py"),
+        "lightning",
+        "2 DDP ranks, stopped mid-epoch and resumed exactly; use_distributed_sampler=True refused",
+    ),
+    "stateful_loader": Integration(
+        "torchdata StatefulDataLoader",
+        ("torchdata", "torch", "numpy"),
+        ("tests/test_trainers.py",),
+        "stateful_loader or step_normalization",
+        "2 DDP ranks, resumed mid-epoch exactly with 0 and 2 workers; step gradients",
+    ),
+    "hf_datasets": Integration(
+        "HF datasets packing",
+        ("datasets", "pyarrow", "numpy"),
+        ("tests/test_hf.py", "tests/test_cli_dataset.py"),
+        "",
+        "pack_dataset: every token once, every value type, views and formats, TRL's "
+        "collator on the rows",
+    ),
+    "ray": Integration(
+        "Ray",
+        ("ray", "pyarrow", "numpy"),
+        ("tests/test_ray.py", "tests/test_ray_cluster.py"),
+        "",
+        "a 3-node cluster on one machine: exactly once when a worker node dies, S3 output, "
+        "unshared output refused",
+    ),
+}
+
+
+def requirements(extras: tuple[str, ...] = STACK_EXTRAS) -> list[str]:
+    """numpy and the requirements of ``extras``, with tokenbatch's own extras expanded."""
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    found: list[str] = list(PYPROJECT["project"]["dependencies"])
+    for extra in extras:
+        for requirement in optional[extra]:
+            own = re.fullmatch(r"tokenbatch\[(.+)\]", requirement)
+            if own:
+                found += requirements(tuple(own.group(1).split(",")))[1:]
+            elif requirement not in found:
+                found.append(requirement)
+    return list(dict.fromkeys(found))
+
+
+def oldest(requirement: str) -> str:
+    """``name>=X`` (with any other bounds) pinned to ``name==X``."""
+    match = re.fullmatch(r"([A-Za-z0-9_.\-]+(?:\[[^\]]+\])?)\s*>=\s*([^,\s]+).*", requirement)
+    if not match:
+        raise ValueError(f"{requirement!r} has no lower bound to test")
+    return f"{match.group(1)}=={match.group(2)}"
+
+
+def test_tools() -> list[str]:
+    """The test extra's tools (not tokenbatch's own extras, nor what only the memory
+    tests need)."""
+    tools = PYPROJECT["project"]["optional-dependencies"]["test"]
+    return [t for t in tools if not t.startswith(("tokenbatch", "megatron-core"))]
+
+
+_wheel: Path | None = None
+
+
+def tokenbatch_wheel(session: nox.Session) -> Path:
+    """The wheel the sessions install: ``TOKENBATCH_WHEEL`` (a wheel or a folder holding
+    one), or one release build of this tree per nox run."""
+    global _wheel
+    given = os.environ.get("TOKENBATCH_WHEEL")
+    if given:
+        path = Path(given)
+        wheels = sorted(path.glob("tokenbatch-*.whl")) if path.is_dir() else [path]
+        if len(wheels) != 1:
+            session.error(f"TOKENBATCH_WHEEL={given} holds {len(wheels)} tokenbatch wheels")
+        return wheels[0].resolve()
+    if _wheel is None:
+        out = ROOT / ".nox" / "_wheel"
+        for old in out.glob("*.whl"):
+            old.unlink()
+        session.install("maturin>=1.9.4,<2")
+        session.run("maturin", "build", "--release", "--out", str(out))
+        (_wheel,) = out.glob("tokenbatch-*.whl")
+    return _wheel
+
+
+def _installed(session: nox.Session, names: tuple[str, ...]) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json, sys; "
+        f"v = {{n: m.version(n) for n in {list(names)!r}}}; "
+        "v['python'] = '.'.join(map(str, sys.version_info[:3])); print(json.dumps(v))"
+    )
+    output = session.run("python", "-c", code, silent=True)
+    return dict(json.loads(str(output).strip().splitlines()[-1]))
+
+
+def _outcome(junit: Path) -> tuple[int, int]:
+    """(passed, failed or in error) of a pytest JUnit report; a missing one failed."""
+    if not junit.exists():
+        return 0, 1
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+    failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    return total - skipped - failed, failed
+
+
+def write_row(name: str, stack: str, versions: dict[str, str], passed: int, failed: int) -> None:
+    """Put the session's row into the table of docs/compatibility.md."""
+    integration = INTEGRATIONS[name]
+    releases = ", ".join(f"{library} {versions[library]}" for library in integration.libraries)
+    result = f"**failed** ({failed} of {passed + failed})" if failed else f"{passed} passed"
+    row = (
+        f"| {integration.title} | {stack} | {releases}, Python {versions['python']} | "
+        f"{integration.runs} | {result} |"
+    )
+    text = TABLE.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    body, tail = rest.split(TABLE_END, 1)
+    rows = {}
+    for line in body.strip().splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0], cells[1]] = line
+    rows[integration.title, stack] = row
+    order = [(i.title, s) for i in INTEGRATIONS.values() for s in STACKS]
+    lines = [
+        "| integration | stack | releases | what the tests run | result |",
+        "|---|---|---|---|---|",
+        *[rows[key] for key in order if key in rows],
+    ]
+    TABLE.write_text(f"{head}{TABLE_START}\n" + "\n".join(lines) + f"\n{TABLE_END}{tail}")
+
+
+@nox.session
+@nox.parametrize("stack", [nox.param(stack, id=stack, tags=[stack]) for stack in STACKS])
+@nox.parametrize("name", [nox.param(name, id=name, tags=[name]) for name in INTEGRATIONS])
+def integration(session: nox.Session, name: str, stack: str) -> None:
+    """One integration's tests on its oldest or newest stack."""
+    session.install(*test_tools())
+    declared = requirements()
+    session.install(*(map(oldest, declared) if stack == "oldest" else declared))
+    session.install("--no-deps", "--reinstall", str(tokenbatch_wheel(session)))
+    spec = INTEGRATIONS[name]
+    junit = Path(session.create_tmp()) / f"{name}-{stack}.xml"
+    junit.unlink(missing_ok=True)
+    command = ["pytest", *spec.tests, "tests/test_compat.py", "-p", "no:cacheprovider"]
+    if spec.select:
+        command += ["-k", f"({spec.select}) or test_compat"]
+    session.run(*command, f"--junitxml={junit}", success_codes=[0, 1])
+    passed, failed = _outcome(junit)
+    versions = _installed(session, spec.libraries)
+    write_row(name, stack, versions, passed, failed)
+    if failed or not passed:
+        session.error(f"{name} on the {stack} stack: {failed} failed, {passed} passed")
+
