@@ -7,13 +7,14 @@ integrates with, one session per integration and stack:
     nox -t lightning                            # one integration on both stacks
     nox                                         # all of them
 
-The ``oldest`` stack installs exactly the lower bound of every requirement of the
-``torch``, ``hf``, ``trl``, ``lightning``, ``torchdata`` and ``ray`` extras and of numpy
-(pyproject.toml is the one place they are written); ``newest`` installs the newest
-releases those ranges allow. Each session installs one tokenbatch wheel, built once per
-``nox`` run (or the wheel ``TOKENBATCH_WHEEL`` names), runs the integration's tests
-against the installed package, and writes its row of the table in
-``docs/compatibility.md``: the releases it ran on and its result.
+A session installs numpy and the extras its integration needs (and what its tests need
+besides, such as transformers for the tiny model every trainer run trains). On the
+``oldest`` stack each of them is exactly its lower bound (the highest one where two
+extras bound the same library), on the ``newest`` the newest release the ranges allow:
+pyproject.toml is the one place the ranges are written. Each session installs one
+tokenbatch wheel, built once per ``nox`` run (or the wheel ``TOKENBATCH_WHEEL`` names),
+runs the integration's tests against the installed package, and writes its row of the
+table in ``docs/compatibility.md``: the releases it ran on and its result.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ import dataclasses
 import json
 import os
 import re
-import sys
-import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import nox
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: nox brings tomli
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -37,23 +41,25 @@ TABLE_START, TABLE_END = "<!-- sessions: start -->", "<!-- sessions: end -->"
 nox.options.default_venv_backend = "uv"
 nox.options.error_on_missing_interpreters = True
 
-#: The extras whose releases make a stack (every session installs all of them).
-STACK_EXTRAS = ("torch", "hf", "trl", "lightning", "torchdata", "ray")
 STACKS = ("oldest", "newest")
 
 
 @dataclasses.dataclass(frozen=True)
 class Integration:
     title: str
+    extras: tuple[str, ...]  # what a user installs for it
     libraries: tuple[str, ...]  # the releases its row names
     tests: tuple[str, ...]
     select: str  # pytest -k expression over those files
     runs: str  # what the tests run, for the table
+    #: Libraries its tests need besides (named in another extra, whose range they take).
+    harness: tuple[str, ...] = ()
 
 
 INTEGRATIONS = {
     "hf_trainer": Integration(
         "Hugging Face Trainer",
+        ("torch", "hf"),
         ("transformers", "accelerate", "datasets", "torch", "numpy"),
         ("tests/test_trainers.py", "tests/test_integrations.py"),
         "test_trainer_",
@@ -62,6 +68,7 @@ INTEGRATIONS = {
     ),
     "trl_sft": Integration(
         "TRL SFTTrainer",
+        ("torch", "trl"),
         ("trl", "transformers", "accelerate", "torch", "numpy"),
         ("tests/test_trainers.py", "tests/test_integrations.py", "tests/test_sft_recipe.py"),
         "sft or the_documented_config or packed_rows_train or the_trainer_trains",
@@ -69,6 +76,7 @@ INTEGRATIONS = {
     ),
     "accelerate_loop": Integration(
         "Accelerate loop",
+        ("torch", "hf"),
         ("accelerate", "torch", "numpy"),
         ("tests/test_trainers.py", "tests/test_integrations.py"),
         "accelerate",
@@ -76,20 +84,25 @@ INTEGRATIONS = {
     ),
     "lightning": Integration(
         "Lightning",
+        ("torch", "lightning"),
         ("lightning", "torch", "numpy"),
-        ("tests/test_trainers.py", "tests/test_integrations.py"),
+        ("tests/test_trainers.py", "tests/test_lightning.py"),
         "lightning",
         "2 DDP ranks, stopped mid-epoch and resumed exactly; use_distributed_sampler=True refused",
+        harness=("transformers",),
     ),
     "stateful_loader": Integration(
         "torchdata StatefulDataLoader",
+        ("torch", "torchdata"),
         ("torchdata", "torch", "numpy"),
         ("tests/test_trainers.py",),
         "stateful_loader or step_normalization",
         "2 DDP ranks, resumed mid-epoch exactly with 0 and 2 workers; step gradients",
+        harness=("transformers",),
     ),
     "hf_datasets": Integration(
         "HF datasets packing",
+        ("hf", "trl"),  # the tests read the rows with TRL's collator
         ("datasets", "pyarrow", "numpy"),
         ("tests/test_hf.py", "tests/test_cli_dataset.py"),
         "",
@@ -98,6 +111,7 @@ INTEGRATIONS = {
     ),
     "ray": Integration(
         "Ray",
+        ("ray",),
         ("ray", "pyarrow", "numpy"),
         ("tests/test_ray.py", "tests/test_ray_cluster.py"),
         "",
@@ -107,26 +121,48 @@ INTEGRATIONS = {
 }
 
 
-def requirements(extras: tuple[str, ...] = STACK_EXTRAS) -> list[str]:
+def requirements(extras: tuple[str, ...]) -> list[str]:
     """numpy and the requirements of ``extras``, with tokenbatch's own extras expanded."""
     optional = PYPROJECT["project"]["optional-dependencies"]
     found: list[str] = list(PYPROJECT["project"]["dependencies"])
     for extra in extras:
         for requirement in optional[extra]:
             own = re.fullmatch(r"tokenbatch\[(.+)\]", requirement)
-            if own:
-                found += requirements(tuple(own.group(1).split(",")))[1:]
-            elif requirement not in found:
-                found.append(requirement)
+            found += requirements(tuple(own.group(1).split(","))) if own else [requirement]
     return list(dict.fromkeys(found))
 
 
-def oldest(requirement: str) -> str:
-    """``name>=X`` (with any other bounds) pinned to ``name==X``."""
-    match = re.fullmatch(r"([A-Za-z0-9_.\-]+(?:\[[^\]]+\])?)\s*>=\s*([^,\s]+).*", requirement)
+def named(library: str) -> str:
+    """The requirement an extra of pyproject.toml gives ``library``."""
+    for requirement in requirements(tuple(PYPROJECT["project"]["optional-dependencies"])):
+        if _name(requirement) == library:
+            return requirement
+    raise ValueError(f"no extra of pyproject.toml names {library}")
+
+
+def _name(requirement: str) -> str:
+    match = re.match(r"[A-Za-z0-9_.\-]+", requirement)
+    assert match, requirement
+    return match.group(0).lower()
+
+
+def _lower_bound(requirement: str) -> tuple[str, tuple[int, ...]]:
+    """``name[extras]`` and X of ``name[extras]>=X,...``."""
+    match = re.fullmatch(r"([A-Za-z0-9_.\-]+(?:\[[^\]]+\])?)\s*>=\s*([\d.]+)\b.*", requirement)
     if not match:
         raise ValueError(f"{requirement!r} has no lower bound to test")
-    return f"{match.group(1)}=={match.group(2)}"
+    return match.group(1), tuple(int(part) for part in match.group(2).split("."))
+
+
+def oldest(requirements: list[str]) -> list[str]:
+    """Each library pinned to its lower bound (the highest, where several bound it)."""
+    bounds: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for requirement in requirements:
+        spelled, bound = _lower_bound(requirement)
+        name = _name(requirement)
+        if name not in bounds or bound > bounds[name][1]:
+            bounds[name] = (spelled, bound)
+    return [f"{spelled}=={'.'.join(map(str, bound))}" for spelled, bound in bounds.values()]
 
 
 def test_tools() -> list[str]:
@@ -212,11 +248,11 @@ def write_row(name: str, stack: str, versions: dict[str, str], passed: int, fail
 @nox.parametrize("name", [nox.param(name, id=name, tags=[name]) for name in INTEGRATIONS])
 def integration(session: nox.Session, name: str, stack: str) -> None:
     """One integration's tests on its oldest or newest stack."""
-    session.install(*test_tools())
-    declared = requirements()
-    session.install(*(map(oldest, declared) if stack == "oldest" else declared))
-    session.install("--no-deps", "--reinstall", str(tokenbatch_wheel(session)))
     spec = INTEGRATIONS[name]
+    session.install(*test_tools())
+    declared = requirements(spec.extras) + [named(library) for library in spec.harness]
+    session.install(*(oldest(declared) if stack == "oldest" else declared))
+    session.install("--no-deps", "--reinstall", str(tokenbatch_wheel(session)))
     junit = Path(session.create_tmp()) / f"{name}-{stack}.xml"
     junit.unlink(missing_ok=True)
     command = ["pytest", *spec.tests, "tests/test_compat.py", "-p", "no:cacheprovider"]
@@ -228,4 +264,3 @@ def integration(session: nox.Session, name: str, stack: str) -> None:
     write_row(name, stack, versions, passed, failed)
     if failed or not passed:
         session.error(f"{name} on the {stack} stack: {failed} failed, {passed} passed")
-

@@ -157,6 +157,7 @@ def test_integration_uses_no_private_name_of_its_library(module_name: str) -> No
 
 def test_the_trainer_mixin_sets_no_attribute_a_trainer_has() -> None:
     # Instance attributes are not on the class: compare with a Trainer's own.
+    pytest.importorskip("accelerate")
     sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
     from run_support import documents, tiny_llama
     from transformers import Trainer, TrainingArguments

@@ -1,5 +1,6 @@
-"""The trainer integrations in one process: what they refuse, and a Trainer that stops
-and resumes (the 2-process runs are in test_trainers.py)."""
+"""The Hugging Face, TRL and Accelerate integrations in one process: what they refuse,
+and a Trainer that stops and resumes (Lightning's are in test_lightning.py, the 2-process
+runs in test_trainers.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import lightning.pytorch as pl
 import pytest
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
@@ -19,20 +19,15 @@ from transformers import TrainingArguments
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.integrations.accelerate import prepare_data_loader
-from tokenbatch.integrations.lightning import TokenBudgetCallback
 from tokenbatch.integrations.transformers import SAMPLER_STATE_NAME, TokenBudgetTrainer
 from tokenbatch.schedule import LinearRamp
-from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
+from tokenbatch.torch import TokenBudgetBatchSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
 from run_support import MAX_TOKENS, documents, lengths, tiny_llama
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
-    # Lightning's notes about a CPU run's worker count and logging interval, and its use
-    # of a torch pytree class that torch deprecated.
-    pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
-    pytest.mark.filterwarnings("ignore:.*LeafSpec.* is deprecated:FutureWarning"),
     # TRL's SFTConfig still sets the name transformers 5 deprecated.
     pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning"),
 ]
@@ -184,67 +179,6 @@ def test_sft_trainer_refuses_padding_free_and_packing(tmp_path: Path) -> None:
         config = SFTConfig(str(tmp_path), use_cpu=True, max_length=None, **{option: True})
         with pytest.raises(InvalidValueError, match=f"{option}=True"):
             TokenBudgetSFTTrainer(model=tiny_llama(), args=config, batch_sampler=sampler())
-
-
-# -- Lightning ---------------------------------------------------------------------------
-
-
-class Module(pl.LightningModule):
-    def __init__(self, budget: TokenBudgetCallback) -> None:
-        super().__init__()
-        self.model = tiny_llama()
-        self.budget = budget
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(
-            documents(), batch_sampler=self.budget.sampler, collate_fn=PackedCollator()
-        )
-
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
-        n = self.budget.num_items_in_batch(batch_idx)
-        keys = ("input_ids", "labels", "position_ids")
-        loss = self.model(**{k: batch[k] for k in keys}, num_items_in_batch=n).loss
-        return loss * self.budget.loss_scale
-
-    def configure_optimizers(self) -> Any:
-        import torch
-
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-
-def lightning_trainer(budget: TokenBudgetCallback, tmp_path: Path) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=3,
-        accumulate_grad_batches=2,
-        callbacks=[budget],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
-
-
-def test_lightning_callback_trains_and_scales_the_loss(tmp_path: Path) -> None:
-    budget = TokenBudgetCallback(sampler)
-    with pytest.raises(InvalidValueError, match="train_dataloader"):
-        _ = budget.sampler  # not built before fit
-    trainer = lightning_trainer(budget, tmp_path)
-    trainer.fit(Module(budget))
-    assert trainer.global_step == 3
-    assert budget.loss_scale == 2  # 1 rank x 2 micro-batches per step
-    state = budget.state_dict()["sampler"]
-    assert (state["epoch"], state["step"]) == (0, 6)
-
-
-def test_lightning_callback_refuses_a_sampler_for_other_ranks(tmp_path: Path) -> None:
-    budget = TokenBudgetCallback(sampler(num_replicas=2, rank=0))
-    with pytest.raises(InvalidValueError, match="rank 0 of 2, but this is rank 0 of 1"):
-        lightning_trainer(budget, tmp_path).fit(Module(budget))
-    with pytest.raises(InvalidTypeError, match="batch_sampler"):
-        TokenBudgetCallback(3)  # type: ignore[arg-type]
 
 
 def test_importing_tokenbatch_imports_no_framework() -> None:

@@ -17,11 +17,15 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pytest brings tomli
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +60,23 @@ def wheel(built: Path) -> Path:
     wheels = list(built.glob("tokenbatch-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
+
+
+def test_one_version_from_cargo_toml() -> None:
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    import tokenbatch
+
+    cargo = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in pyproject, "the version is Cargo.toml's (dynamic)"
+    assert pyproject["dynamic"] == ["version"]
+    assert tokenbatch.__version__ == cargo
+    assert Version(importlib.metadata.version("tokenbatch")) == Version(cargo)
+    # The changelog has a section for the version (released or on its way).
+    assert f"\n## {cargo}\n" in (ROOT / "CHANGELOG.md").read_text()
 
 
 def oldest_numpy() -> str:

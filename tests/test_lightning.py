@@ -1,0 +1,86 @@
+"""The Lightning callback in one process: it trains and scales the loss, and refuses a
+sampler for other ranks (the 2-process runs are in test_trainers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+from run_support import MAX_TOKENS, documents, lengths, tiny_llama
+from torch.utils.data import DataLoader
+
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.integrations.lightning import TokenBudgetCallback
+from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
+
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    # Lightning's notes about a CPU run's worker count and logging interval, and its use
+    # of a torch pytree class that torch deprecated.
+    pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
+    pytest.mark.filterwarnings("ignore:.*LeafSpec.* is deprecated:FutureWarning"),
+]
+
+
+def sampler(**options: Any) -> TokenBudgetBatchSampler:
+    return TokenBudgetBatchSampler(lengths(), MAX_TOKENS, seed=1, **options)
+
+
+class Module(pl.LightningModule):
+    def __init__(self, budget: TokenBudgetCallback) -> None:
+        super().__init__()
+        self.model = tiny_llama()
+        self.budget = budget
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(
+            documents(), batch_sampler=self.budget.sampler, collate_fn=PackedCollator()
+        )
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        n = self.budget.num_items_in_batch(batch_idx)
+        keys = ("input_ids", "labels", "position_ids")
+        loss = self.model(**{k: batch[k] for k in keys}, num_items_in_batch=n).loss
+        return loss * self.budget.loss_scale
+
+    def configure_optimizers(self) -> Any:
+        import torch
+
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def lightning_trainer(budget: TokenBudgetCallback, tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        accumulate_grad_batches=2,
+        callbacks=[budget],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+
+
+def test_lightning_callback_trains_and_scales_the_loss(tmp_path: Path) -> None:
+    budget = TokenBudgetCallback(sampler)
+    with pytest.raises(InvalidValueError, match="train_dataloader"):
+        _ = budget.sampler  # not built before fit
+    trainer = lightning_trainer(budget, tmp_path)
+    trainer.fit(Module(budget))
+    assert trainer.global_step == 3
+    assert budget.loss_scale == 2  # 1 rank x 2 micro-batches per step
+    state = budget.state_dict()["sampler"]
+    assert (state["epoch"], state["step"]) == (0, 6)
+
+
+def test_lightning_callback_refuses_a_sampler_for_other_ranks(tmp_path: Path) -> None:
+    budget = TokenBudgetCallback(sampler(num_replicas=2, rank=0))
+    with pytest.raises(InvalidValueError, match="rank 0 of 2, but this is rank 0 of 1"):
+        lightning_trainer(budget, tmp_path).fit(Module(budget))
+    with pytest.raises(InvalidTypeError, match="batch_sampler"):
+        TokenBudgetCallback(3)  # type: ignore[arg-type]
