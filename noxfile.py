@@ -70,9 +70,9 @@ INTEGRATIONS = {
         "TRL SFTTrainer",
         ("torch", "trl"),
         ("trl", "transformers", "accelerate", "torch", "numpy"),
-        ("tests/test_trainers.py", "tests/test_integrations.py", "tests/test_sft_recipe.py"),
-        "sft or the_documented_config or packed_rows_train or the_trainer_trains",
-        "2 ranks on TRL's own tokenization; the padding-free SFT recipe",
+        ("tests/test_trainers.py", "tests/test_integrations.py"),
+        "sft",
+        "2 ranks on TRL's own tokenization",
     ),
     "accelerate_loop": Integration(
         "Accelerate loop",
@@ -104,10 +104,10 @@ INTEGRATIONS = {
         "HF datasets packing",
         ("hf", "trl"),  # the tests read the rows with TRL's collator
         ("datasets", "pyarrow", "numpy"),
-        ("tests/test_hf.py", "tests/test_cli_dataset.py"),
+        ("tests/test_hf.py", "tests/test_cli_dataset.py", "tests/test_sft_recipe.py"),
         "",
-        "pack_dataset: every token once, every value type, views and formats, TRL's "
-        "collator on the rows",
+        "pack_dataset: every token once, every value type, views and formats; TRL's "
+        "padding-free collator and SFT recipe on the rows (the recipe from TRL 1.16)",
     ),
     "ray": Integration(
         "Ray",

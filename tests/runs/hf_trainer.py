@@ -25,6 +25,7 @@ from run_support import (
     RecordingMixin,
     documents,
     lengths,
+    load_checkpoints_on_the_cpu,
     start_workers_from_a_fork_server,
     tiny_llama,
 )
@@ -94,6 +95,7 @@ def run(
 
 def main() -> None:
     start_workers_from_a_fork_server()
+    load_checkpoints_on_the_cpu()
     out = Path(sys.argv[1])
     for mode, prefix in (("ga", ""), ("schedule", "schedule_")):
         schedule = mode == "schedule"

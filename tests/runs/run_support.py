@@ -170,6 +170,25 @@ def start_workers_from_a_fork_server() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
+def load_checkpoints_on_the_cpu() -> None:
+    """Load a resumed CPU run's checkpoints on the device ``"cpu"``.
+
+    transformers before 5.x maps the optimizer state of a multi-process run to the
+    processes' device, which for a CPU run is the indexed ``cpu:0`` that ``torch.load``
+    cannot restore (newer releases load it on ``"cpu"``); GPU runs are not affected. The
+    trainer runs resume multi-process CPU runs on every supported release, so they load
+    as the newer releases do.
+    """
+    load = torch.load
+
+    def load_on_the_cpu(*args: Any, map_location: Any = None, **kwargs: Any) -> Any:
+        if isinstance(map_location, torch.device) and map_location.type == "cpu":
+            map_location = "cpu"
+        return load(*args, map_location=map_location, **kwargs)
+
+    torch.load = load_on_the_cpu
+
+
 def free_port() -> int:
     """A TCP port no process listens on now, for a torchrun rendezvous."""
     with socket.socket() as probe:
