@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import datasets
@@ -275,8 +276,9 @@ def test_trl_padding_free_collator_reads_the_packed_rows() -> None:
 
     rows = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10], [11]]
     packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": rows}), 4)
-    # return_position_ids is an option from TRL 1.16 on (before, positions always come)
-    options = {"return_position_ids": True} if trl_passes_sequence_boundaries() else {}
+    # return_position_ids is an option of TRL 1.x (TRL 0.x always returns the positions)
+    takes = inspect.signature(DataCollatorForLanguageModeling).parameters
+    options = {"return_position_ids": True} if "return_position_ids" in takes else {}
     collator = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, **options)
     batch = collator([packed[0], packed[1]])
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 8, 9, 10, 11]]
