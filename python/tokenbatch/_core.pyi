@@ -11,12 +11,12 @@ import numpy.typing as npt
 
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
-    "PLAN_FORMAT",
+    "DEAL_FORMAT",
     "ContextParallelShard",
-    "EpochPlan",
+    "Dealer",
+    "EpochDeal",
     "Packing",
     "PackingBins",
-    "Planner",
     "RankBatches",
     "Schedule",
     "StreamBin",
@@ -123,15 +123,15 @@ def batch_padded(
     oversize: str,
 ) -> Packing: ...
 
-# --- plans ---
+# --- dealing ---
 
-PLAN_FORMAT: int
+DEAL_FORMAT: int
 
 _CostKind = Literal["tokens", "attention", "flops"]
 
 @final
-class Planner:
-    """Builds epoch plans for one packing (see ``tokenbatch.distribute.Planner``)."""
+class Dealer:
+    """Deals the bins of one packing, epoch by epoch (see ``tokenbatch.distribute.Dealer``)."""
 
     def __new__(
         cls,
@@ -145,7 +145,7 @@ class Planner:
         pad_to_multiple_of: int = 1,
         split_sequences: bool = False,
         hidden_size: int | None = None,
-    ) -> Planner: ...
+    ) -> Dealer: ...
     @property
     def packing(self) -> Packing: ...
     @property
@@ -166,12 +166,12 @@ class Planner:
     def hidden_size(self) -> int | None: ...
     @property
     def epoch_tokens(self) -> int: ...
-    def plan(self, epoch: int) -> EpochPlan: ...
-    def plan_after(self, epoch: int, runs: Iterable[tuple[int, int]]) -> EpochPlan: ...
+    def deal(self, epoch: int) -> EpochDeal: ...
+    def deal_after(self, epoch: int, runs: Iterable[tuple[int, int]]) -> EpochDeal: ...
 
 @final
-class EpochPlan:
-    """One epoch of data-parallel micro-batches (see ``tokenbatch.distribute.EpochPlan``)."""
+class EpochDeal:
+    """One epoch of data-parallel micro-batches (see ``tokenbatch.distribute.EpochDeal``)."""
 
     @property
     def steps(self) -> _I64: ...

@@ -1,16 +1,14 @@
-"""Epoch plans for data-parallel training: which rank runs which bin at which step.
+"""Dealing the bins of a packing to data-parallel ranks, epoch by epoch.
 
-A plan turns a :class:`~tokenbatch.Packing` into a table of ``n_steps x num_replicas``
+A deal turns a :class:`~tokenbatch.Packing` into a table of ``n_steps x num_replicas``
 bins, so that every rank runs the same number of micro-batches, every placed sequence is
 used exactly once, and the bins that run side by side in one step cost about the same.
 
-The planning is done by the Rust core (:class:`Planner` and :class:`EpochPlan` are its
-classes): cutting bins so that their count divides by the world size, costs, balancing,
-dealing, shuffling and finishing an epoch on another world size. Every tie is broken by
-an index and every random choice comes from one generator, so a plan depends on nothing
-but its inputs and seed: every rank builds the identical plan without communicating, on
-any machine, numpy version or thread count. :data:`PLAN_FORMAT` names the rules; it
-changes whenever what a rank receives changes.
+The Rust core does the work (:class:`Dealer` and :class:`EpochDeal` are its classes).
+Every tie is broken by an index and every random choice comes from one seeded generator,
+so every rank builds the identical deal without communicating, on any machine, numpy
+version or thread count. :data:`DEAL_FORMAT` names the rules; it changes whenever what a
+rank receives changes.
 
 This module does not import torch; :mod:`tokenbatch.torch` builds its batch sampler on it.
 """
@@ -24,10 +22,10 @@ import numpy.typing as npt
 
 from tokenbatch import _core
 from tokenbatch._convert import as_int_unbounded
-from tokenbatch._core import PLAN_FORMAT, EpochPlan, Planner
+from tokenbatch._core import DEAL_FORMAT, Dealer, EpochDeal
 from tokenbatch.packing import Packing
 
-__all__ = ["PLAN_FORMAT", "Balance", "EpochPlan", "Planner", "Segment", "mix_seed", "plan_epoch"]
+__all__ = ["DEAL_FORMAT", "Balance", "Dealer", "EpochDeal", "Segment", "deal_epoch", "mix_seed"]
 
 Balance = Literal["attention", "tokens", "flops"] | None
 #: A piece of a sequence: ``(index, start, length)``, tokens ``start:start + length``.
@@ -50,7 +48,7 @@ def _permutation(seed: int, n: int) -> npt.NDArray[np.int64]:
     return _core.permutation(seed, n)
 
 
-def plan_epoch(
+def deal_epoch(
     packing: Packing,
     num_replicas: int,
     *,
@@ -62,19 +60,19 @@ def plan_epoch(
     pad_to_multiple_of: int = 1,
     split_sequences: bool = False,
     hidden_size: int | None = None,
-) -> EpochPlan:
+) -> EpochDeal:
     """Distribute the bins of ``packing`` over ``num_replicas`` data-parallel ranks:
-    ``Planner(packing, num_replicas, ...).plan(epoch)``.
+    ``Dealer(packing, num_replicas, ...).deal(epoch)``.
 
     ``epoch`` and ``seed`` select the random order; the other arguments are those of
-    :class:`Planner`, which says what they do. Use a :class:`Planner` to plan several
+    :class:`Dealer`, which says what they do. Use a :class:`Dealer` to deal several
     epochs of one packing: it reuses the work that does not depend on the epoch.
 
     Raises:
         InvalidValueError: there are too few sequences to give every rank the same number
             of non-empty batches (pass ``drop_last=True``), or an invalid option.
     """
-    planner = Planner(
+    dealer = Dealer(
         packing,
         num_replicas,
         seed=seed,
@@ -85,4 +83,4 @@ def plan_epoch(
         split_sequences=split_sequences,
         hidden_size=hidden_size,
     )
-    return planner.plan(epoch)
+    return dealer.deal(epoch)

@@ -8,12 +8,12 @@
 mod args;
 mod arrays;
 mod context_parallel;
+mod deal;
 mod error;
 mod gather;
 mod memory;
 mod packing;
 mod parallel;
-mod plan;
 mod schedule;
 mod stream;
 
@@ -24,11 +24,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(error::_panic_for_test, m)?)?;
     context_parallel::register(m)?;
+    deal::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
-    plan::register(m)?;
     schedule::register(m)?;
     stream::register(m)?;
     Ok(())

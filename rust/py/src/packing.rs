@@ -5,13 +5,15 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
-use tokenbatch_core::packing::{self, Length, PackOptions, Packing, PolicyCounts};
-use tokenbatch_core::plan::{Bins, PackingKind};
+use tokenbatch_core::packing::{
+    self, Bins, Length, PackOptions, Packing, PackingKind, PolicyCounts,
+};
 
 use crate::args;
-use crate::arrays::{as_slice, readonly_slice, IntArray};
-use crate::error::{guard, IntoPyResult};
+use crate::arrays::{as_slice, readonly_or_zeros, readonly_slice, readonly_zeros, IntArray};
+use crate::error::{guard, invalid_value, IntoPyResult};
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
@@ -22,21 +24,37 @@ type Arr<'py> = Bound<'py, PyArray1<i64>>;
 /// ``starts[j]`` the token offset inside it (0 unless the sequence was split) and
 /// ``lengths[j]`` the number of tokens. Bins are numbered in the order the algorithm
 /// opened them; inside a bin, segments are listed in input order. All arrays are
-/// read-only int64 numpy views of memory this object owns (no copy is made).
+/// read-only int64 numpy views of memory this object owns (no copy is made); when no
+/// sequence was split, ``starts`` is a ``numpy.zeros`` array made on first use.
 ///
 /// ``bin_tokens[i]`` is bin ``i``'s cost against the budget: its tokens, each segment
 /// rounded up to ``pad_to_multiple_of``; for :func:`batch_padded`, ``count x longest``.
 ///
 /// ``len(packing)`` is the number of bins, ``packing[i]`` the sequence indices of bin ``i``
 /// (a read-only view; negative indices count from the end) and iterating yields them bin
-/// by bin. Made by :func:`pack`, :func:`batch_padded` and :meth:`EpochPlan.rest`; it
+/// by bin. Made by :func:`pack`, :func:`batch_padded` and :meth:`EpochDeal.rest`; it
 /// pickles.
 #[pyclass(module = "tokenbatch._core", name = "Packing", frozen)]
 pub struct PyPacking {
-    pub bins: Arc<Bins>,
+    bins: Arc<Bins>,
+    /// `starts` when no sequence was split, made on first use.
+    zero_starts: PyOnceLock<Py<PyArray1<i64>>>,
 }
 
 impl PyPacking {
+    /// A packing object owning `bins`.
+    pub fn new(bins: Bins) -> Self {
+        Self {
+            bins: Arc::new(bins),
+            zero_starts: PyOnceLock::new(),
+        }
+    }
+
+    /// The bins (shared, never changed).
+    pub fn bins(&self) -> &Arc<Bins> {
+        &self.bins
+    }
+
     fn packing(&self) -> &Packing {
         &self.bins.packing
     }
@@ -90,7 +108,11 @@ impl PyPacking {
     #[getter]
     fn starts<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
         guard("Packing.starts", || {
-            Ok(Self::view(slf, &slf.get().packing().starts))
+            let this = slf.get();
+            let packing = this.packing();
+            let (starts, n) = (packing.starts.as_deref(), packing.indices.len());
+            // SAFETY: the starts belong to the frozen packing's `Bins`, which never change.
+            Ok(unsafe { readonly_or_zeros(slf.as_any(), starts, n, &this.zero_starts) })
         })
     }
 
@@ -177,7 +199,10 @@ impl PyPacking {
             let packing = slf.get().packing();
             Ok((
                 Self::view(slf, &packing.indices[lo..hi]),
-                Self::view(slf, &packing.starts[lo..hi]),
+                match &packing.starts {
+                    Some(starts) => Self::view(slf, &starts[lo..hi]),
+                    None => readonly_zeros(slf.py(), hi - lo),
+                },
                 Self::view(slf, &packing.lengths[lo..hi]),
             ))
         })
@@ -308,11 +333,15 @@ impl PyPacking {
             let [input_tokens, dropped_seqs, dropped_tokens, truncated_seqs, truncated_tokens, split_seqs, split_pieces] =
                 counts;
             let bin_tokens = as_slice(&bin_tokens)?.to_vec();
+            let starts = as_slice(&starts)?;
             let bins = Bins {
                 packing: Packing {
                     bin_offsets: as_slice(&bin_offsets)?.to_vec(),
                     indices: as_slice(&indices)?.to_vec(),
-                    starts: as_slice(&starts)?.to_vec().into(),
+                    starts: starts
+                        .iter()
+                        .any(|&start| start != 0)
+                        .then(|| starts.to_vec()),
                     lengths: as_slice(&lengths)?.to_vec(),
                     segment_cost: bin_tokens.iter().map(|&t| t.max(0) as u64).sum(),
                     bin_tokens,
@@ -331,10 +360,13 @@ impl PyPacking {
                 kind: kind.parse().into_py_result()?,
                 lower_bound,
             };
+            if starts.len() != bins.packing.indices.len() {
+                return Err(invalid_value(
+                    "indices, starts and lengths of a packing must have the same length",
+                ));
+            }
             bins.validate().into_py_result()?;
-            Ok(Self {
-                bins: Arc::new(bins),
-            })
+            Ok(Self::new(bins))
         })
     }
 }
@@ -397,12 +429,7 @@ fn run<'py>(
         }
     }
     .into_py_result()?;
-    Bound::new(
-        py,
-        PyPacking {
-            bins: Arc::new(bins),
-        },
-    )
+    Bound::new(py, PyPacking::new(bins))
 }
 
 /// Pack lengths into token budgets (see `tokenbatch.pack`).

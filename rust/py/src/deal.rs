@@ -1,32 +1,33 @@
-//! Bindings of `tokenbatch_core::plan`: the `Planner` and `EpochPlan` classes.
+//! Bindings of `tokenbatch_core::deal`: the `Dealer` and `EpochDeal` classes.
 
 use std::sync::Arc;
 
 use numpy::ndarray::ArrayView2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyList};
-use tokenbatch_core::plan::{
-    CostKind, EpochPlan, PlanOptions, PlanStats, Planner, Run, PLAN_FORMAT,
+use tokenbatch_core::deal::{
+    CostKind, DealOptions, DealStats, Dealer, EpochDeal, Run, DEAL_FORMAT,
 };
 use tokenbatch_core::rng;
 
 use crate::args::{self, Arg};
-use crate::arrays::{readonly_slice, readonly_view};
+use crate::arrays::{readonly_or_zeros, readonly_slice, readonly_view};
 use crate::error::{guard, invalid_type, invalid_value, IntoPyResult};
 use crate::packing::PyPacking;
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
 
-/// Builds :class:`EpochPlan` objects for one packing, reusing the epoch-independent work
+/// Builds :class:`EpochDeal` objects for one packing, reusing the epoch-independent work
 /// (cutting bins so that their count divides by ``num_replicas``, costs, the order by cost)
 /// across epochs.
 ///
 /// Args:
 ///     packing: a result of :func:`tokenbatch.pack` or :func:`tokenbatch.batch_padded`.
 ///     num_replicas: number of data-parallel ranks.
-///     seed: the same on every rank; plans are identical for equal arguments.
+///     seed: the same on every rank; deals are identical for equal arguments.
 ///     shuffle: shuffle, every epoch, the order of steps, which rank runs which bin of a
 ///         step, and bins of equal cost; ``False`` keeps the deterministic order
 ///         (costliest steps first when balancing).
@@ -44,24 +45,24 @@ type Arr<'py> = Bound<'py, PyArray1<i64>>;
 ///         bins, cut the longest sequences into pieces first (the batches then hold
 ///         ``(index, start, length)`` segments, as with ``oversize="split"``).
 ///     hidden_size: the model's hidden size, for the ``"flops"`` cost (and its imbalance
-///         in :meth:`EpochPlan.stats`).
+///         in :meth:`EpochDeal.stats`).
 ///
 /// Without ``drop_last``, bins are cut between their sequences (the costliest first)
 /// until their number divides by ``num_replicas``; no sequence is lost or repeated. Every
 /// tie is broken by bin or sequence index and randomness comes from the Rust core's
-/// SplitMix64, so plans are identical on every machine, numpy version and thread count.
+/// SplitMix64, so deals are identical on every machine, numpy version and thread count.
 ///
 /// Raises:
 ///     InvalidValueError: too few sequences to give every rank the same number of
 ///         non-empty batches (pass ``drop_last=True``), or an invalid option.
-#[pyclass(module = "tokenbatch._core", name = "Planner", frozen)]
-pub struct PyPlanner {
-    planner: Planner,
+#[pyclass(module = "tokenbatch._core", name = "Dealer", frozen)]
+pub struct PyDealer {
+    dealer: Dealer,
     packing: Py<PyPacking>,
 }
 
 #[pymethods]
-impl PyPlanner {
+impl PyDealer {
     #[new]
     #[pyo3(signature = (
         packing, num_replicas, *, seed = Arg::MISSING, shuffle = Arg::MISSING,
@@ -82,7 +83,7 @@ impl PyPlanner {
         split_sequences: Arg<'_>,
         hidden_size: Arg<'_>,
     ) -> PyResult<Self> {
-        guard("Planner.__new__", || {
+        guard("Dealer.__new__", || {
             let packing = packing.cast::<PyPacking>().map_err(|_| {
                 invalid_type(format!(
                     "packing must be a tokenbatch.Packing, got {}",
@@ -99,7 +100,7 @@ impl PyPlanner {
                     ))
                 })?),
             };
-            let options = PlanOptions {
+            let options = DealOptions {
                 num_replicas: args::int(num_replicas, "num_replicas", 1)? as usize,
                 seed: seed.given().map_or(Ok(0), args::seed)?,
                 shuffle: shuffle.flag_or("shuffle", true)?,
@@ -112,43 +113,43 @@ impl PyPlanner {
                     Some(value) => args::optional_int(value, "hidden_size", 1)?.map(|h| h as u64),
                 },
             };
-            let bins = Arc::clone(&packing.get().bins);
-            let planner = detach_parallel(py, || Planner::new(bins, options)).into_py_result()?;
+            let bins = Arc::clone(packing.get().bins());
+            let dealer = detach_parallel(py, || Dealer::new(bins, options)).into_py_result()?;
             Ok(Self {
-                planner,
+                dealer,
                 packing: packing.clone().unbind(),
             })
         })
     }
 
-    /// The packing the plans distribute.
+    /// The packing the deals distribute.
     #[getter]
     fn packing(&self, py: Python<'_>) -> PyResult<Py<PyPacking>> {
-        guard("Planner.packing", || Ok(self.packing.clone_ref(py)))
+        guard("Dealer.packing", || Ok(self.packing.clone_ref(py)))
     }
 
     /// Number of data-parallel ranks.
     #[getter]
     fn num_replicas(&self) -> PyResult<usize> {
-        guard("Planner.num_replicas", || Ok(self.options().num_replicas))
+        guard("Dealer.num_replicas", || Ok(self.options().num_replicas))
     }
 
-    /// The seed of the plans.
+    /// The seed of the deals.
     #[getter]
     fn seed(&self) -> PyResult<u64> {
-        guard("Planner.seed", || Ok(self.options().seed))
+        guard("Dealer.seed", || Ok(self.options().seed))
     }
 
-    /// Whether plans are shuffled every epoch.
+    /// Whether deals are shuffled every epoch.
     #[getter]
     fn shuffle(&self) -> PyResult<bool> {
-        guard("Planner.shuffle", || Ok(self.options().shuffle))
+        guard("Dealer.shuffle", || Ok(self.options().shuffle))
     }
 
     /// The cost balanced within a step (``None``: packing order).
     #[getter]
     fn balance(&self) -> PyResult<Option<&'static str>> {
-        guard("Planner.balance", || {
+        guard("Dealer.balance", || {
             Ok(self.options().balance.map(CostKind::name))
         })
     }
@@ -156,13 +157,13 @@ impl PyPlanner {
     /// Whether the remainder bins are left out.
     #[getter]
     fn drop_last(&self) -> PyResult<bool> {
-        guard("Planner.drop_last", || Ok(self.options().drop_last))
+        guard("Dealer.drop_last", || Ok(self.options().drop_last))
     }
 
     /// The multiple costs round each sequence up to.
     #[getter]
     fn pad_to_multiple_of(&self) -> PyResult<u64> {
-        guard("Planner.pad_to_multiple_of", || {
+        guard("Dealer.pad_to_multiple_of", || {
             Ok(self.options().pad_to_multiple_of)
         })
     }
@@ -170,7 +171,7 @@ impl PyPlanner {
     /// Whether sequences may be cut to give every rank the same number of batches.
     #[getter]
     fn split_sequences(&self) -> PyResult<bool> {
-        guard("Planner.split_sequences", || {
+        guard("Dealer.split_sequences", || {
             Ok(self.options().split_sequences)
         })
     }
@@ -178,47 +179,47 @@ impl PyPlanner {
     /// The model's hidden size, for the FLOPs cost.
     #[getter]
     fn hidden_size(&self) -> PyResult<Option<u64>> {
-        guard("Planner.hidden_size", || Ok(self.options().hidden_size))
+        guard("Dealer.hidden_size", || Ok(self.options().hidden_size))
     }
 
-    /// Real tokens every epoch's plan holds: the packing's, less what ``drop_last`` leaves
+    /// Real tokens every epoch's deal holds: the packing's, less what ``drop_last`` leaves
     /// out (the same every epoch: epochs only deal the same bins differently).
     #[getter]
     fn epoch_tokens(&self) -> PyResult<u64> {
-        guard("Planner.epoch_tokens", || {
-            Ok(self.planner.layout().dealt_tokens())
+        guard("Dealer.epoch_tokens", || {
+            Ok(self.dealer.deck().dealt_tokens())
         })
     }
 
-    /// The plan of ``epoch``.
-    fn plan(&self, py: Python<'_>, epoch: &Bound<'_, PyAny>) -> PyResult<PyEpochPlan> {
-        guard("Planner.plan", || {
+    /// The deal of ``epoch``.
+    fn deal(&self, py: Python<'_>, epoch: &Bound<'_, PyAny>) -> PyResult<PyEpochDeal> {
+        guard("Dealer.deal", || {
             let epoch = args::int(epoch, "epoch", 0)? as u64;
-            let plan = detach_parallel(py, || self.planner.plan(epoch));
-            Ok(PyEpochPlan { plan })
+            let deal = detach_parallel(py, || self.dealer.deal(epoch));
+            Ok(PyEpochDeal::from(deal))
         })
     }
 
-    /// The plan that finishes ``epoch`` on this planner's ``num_replicas`` after ``runs``
+    /// The deal that finishes ``epoch`` on this dealer's ``num_replicas`` after ``runs``
     /// of it on other world sizes, for a job resized mid-epoch.
     ///
     /// ``runs[i] = (num_replicas, steps)``: run ``i`` ran ``steps`` steps on
-    /// ``num_replicas`` ranks. The first run's plan is the ordinary plan of ``epoch`` for its
+    /// ``num_replicas`` ranks. The first run's deal is the ordinary deal of ``epoch`` for its
     /// world size; the bins each run left are dealt again to the next world size (cut
-    /// between their sequences when their number does not divide, as for any plan), so
+    /// between their sequences when their number does not divide, as for any deal), so
     /// every sequence of the epoch is still used exactly once. With no runs this is
-    /// :meth:`plan`.
+    /// :meth:`deal`.
     ///
     /// Raises:
-    ///     InvalidValueError: a run has more steps than its plan, or too few sequences are
+    ///     InvalidValueError: a run has more steps than its deal, or too few sequences are
     ///         left to give every rank of the next world size a batch.
-    fn plan_after(
+    fn deal_after(
         &self,
         py: Python<'_>,
         epoch: &Bound<'_, PyAny>,
         runs: &Bound<'_, PyAny>,
-    ) -> PyResult<PyEpochPlan> {
-        guard("Planner.plan_after", || {
+    ) -> PyResult<PyEpochDeal> {
+        guard("Dealer.deal_after", || {
             let epoch = args::int(epoch, "epoch", 0)? as u64;
             let runs = runs
                 .try_iter()
@@ -235,18 +236,18 @@ impl PyPlanner {
                     })
                 })
                 .collect::<PyResult<Vec<Run>>>()?;
-            let plan =
-                detach_parallel(py, || self.planner.plan_after(epoch, &runs)).into_py_result()?;
-            Ok(PyEpochPlan { plan })
+            let deal =
+                detach_parallel(py, || self.dealer.deal_after(epoch, &runs)).into_py_result()?;
+            Ok(PyEpochDeal::from(deal))
         })
     }
 
     fn __repr__(&self) -> PyResult<String> {
-        guard("Planner.__repr__", || {
+        guard("Dealer.__repr__", || {
             Ok({
                 let options = self.options();
                 format!(
-                    "Planner(num_replicas={}, seed={}, shuffle={}, balance={})",
+                    "Dealer(num_replicas={}, seed={}, shuffle={}, balance={})",
                     options.num_replicas,
                     options.seed,
                     if options.shuffle { "True" } else { "False" },
@@ -259,9 +260,9 @@ impl PyPlanner {
     }
 }
 
-impl PyPlanner {
-    fn options(&self) -> &PlanOptions {
-        self.planner.layout().options()
+impl PyDealer {
+    fn options(&self) -> &DealOptions {
+        self.dealer.deck().options()
     }
 }
 
@@ -271,17 +272,28 @@ impl PyPlanner {
 ///
 /// Every rank runs :attr:`n_steps` bins; every segment of the packing appears in exactly
 /// one of them, except the bins ``drop_last`` left out (see :meth:`stats`). Made by
-/// :meth:`Planner.plan` and :func:`plan_epoch`.
-#[pyclass(module = "tokenbatch._core", name = "EpochPlan", frozen)]
-pub struct PyEpochPlan {
-    plan: EpochPlan,
+/// :meth:`Dealer.deal` and :func:`deal_epoch`.
+#[pyclass(module = "tokenbatch._core", name = "EpochDeal", frozen)]
+pub struct PyEpochDeal {
+    deal: EpochDeal,
+    /// `starts` when no sequence was split, made on first use.
+    zero_starts: PyOnceLock<Py<PyArray1<i64>>>,
 }
 
-impl PyEpochPlan {
-    /// A read-only view of `data`, which this plan owns.
+impl From<EpochDeal> for PyEpochDeal {
+    fn from(deal: EpochDeal) -> Self {
+        Self {
+            deal,
+            zero_starts: PyOnceLock::new(),
+        }
+    }
+}
+
+impl PyEpochDeal {
+    /// A read-only view of `data`, which this deal owns.
     fn view<'py>(slf: &Bound<'py, Self>, data: &[i64]) -> Arr<'py> {
-        // SAFETY: every `data` passed is a slice of the frozen plan's arrays (its table, or
-        // its layout's, behind an `Arc` the plan holds), which never change.
+        // SAFETY: every `data` passed is a slice of the frozen deal's arrays (its table, or
+        // its deck's, behind an `Arc` the deal holds), which never change.
         unsafe { readonly_slice(slf.as_any(), data) }
     }
 
@@ -290,21 +302,21 @@ impl PyEpochPlan {
         py: Python<'py>,
         values: Vec<T>,
     ) -> PyResult<Bound<'py, PyArray2<T>>> {
-        let shape = [self.plan.n_steps(), self.plan.num_replicas()];
+        let shape = [self.deal.n_steps(), self.deal.num_replicas()];
         values.into_pyarray(py).reshape(shape)
     }
 }
 
 #[pymethods]
-impl PyEpochPlan {
+impl PyEpochDeal {
     /// The ``(n_steps, num_replicas)`` table of bins.
     #[getter]
     fn steps<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        guard("EpochPlan.steps", || {
-            let plan = &slf.get().plan;
-            let table = ArrayView2::from_shape((plan.n_steps(), plan.num_replicas()), plan.steps())
+        guard("EpochDeal.steps", || {
+            let deal = &slf.get().deal;
+            let table = ArrayView2::from_shape((deal.n_steps(), deal.num_replicas()), deal.steps())
                 .map_err(|error| pyo3::exceptions::PyRuntimeError::new_err(error.to_string()))?;
-            // SAFETY: the table belongs to the frozen plan and never changes.
+            // SAFETY: the table belongs to the frozen deal and never changes.
             Ok(unsafe { readonly_view(slf.as_any(), &table) })
         })
     }
@@ -312,67 +324,71 @@ impl PyEpochPlan {
     /// ``n_bins + 1`` offsets into the segment arrays.
     #[getter]
     fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("EpochPlan.bin_offsets", || {
-            Ok(Self::view(slf, slf.get().plan.layout().bin_offsets()))
+        guard("EpochDeal.bin_offsets", || {
+            Ok(Self::view(slf, slf.get().deal.deck().bin_offsets()))
         })
     }
 
     /// Input sequence of each segment.
     #[getter]
     fn indices<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("EpochPlan.indices", || {
-            Ok(Self::view(slf, slf.get().plan.layout().indices()))
+        guard("EpochDeal.indices", || {
+            Ok(Self::view(slf, slf.get().deal.deck().indices()))
         })
     }
 
     /// Token offset of each segment inside its sequence.
     #[getter]
     fn starts<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("EpochPlan.starts", || {
-            Ok(Self::view(slf, slf.get().plan.layout().starts()))
+        guard("EpochDeal.starts", || {
+            let this = slf.get();
+            let deck = this.deal.deck();
+            let n = deck.indices().len();
+            // SAFETY: the starts belong to the frozen deal's deck, which never changes.
+            Ok(unsafe { readonly_or_zeros(slf.as_any(), deck.starts(), n, &this.zero_starts) })
         })
     }
 
     /// Tokens of each segment.
     #[getter]
     fn lengths<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("EpochPlan.lengths", || {
-            Ok(Self::view(slf, slf.get().plan.layout().lengths()))
+        guard("EpochDeal.lengths", || {
+            Ok(Self::view(slf, slf.get().deal.deck().lengths()))
         })
     }
 
-    /// The epoch this plan is for.
+    /// The epoch this deal is for.
     #[getter]
     fn epoch(&self) -> PyResult<u64> {
-        guard("EpochPlan.epoch", || Ok(self.plan.epoch()))
+        guard("EpochDeal.epoch", || Ok(self.deal.epoch()))
     }
 
     /// Number of ranks.
     #[getter]
     fn num_replicas(&self) -> PyResult<usize> {
-        guard("EpochPlan.num_replicas", || Ok(self.plan.num_replicas()))
+        guard("EpochDeal.num_replicas", || Ok(self.deal.num_replicas()))
     }
 
     /// Micro-batches every rank runs this epoch.
     #[getter]
     fn n_steps(&self) -> PyResult<usize> {
-        guard("EpochPlan.n_steps", || Ok(self.plan.n_steps()))
+        guard("EpochDeal.n_steps", || Ok(self.deal.n_steps()))
     }
 
     fn __len__(&self) -> PyResult<usize> {
-        guard("EpochPlan.__len__", || Ok(self.plan.n_steps()))
+        guard("EpochDeal.__len__", || Ok(self.deal.n_steps()))
     }
 
     /// Bins of ``rank``, in step order (a read-only view of a column of :attr:`steps`).
     fn rank_bins<'py>(slf: &Bound<'py, Self>, rank: &Bound<'py, PyAny>) -> PyResult<Arr<'py>> {
-        guard("EpochPlan.rank_bins", || {
-            let plan = &slf.get().plan;
-            let rank = plan
+        guard("EpochDeal.rank_bins", || {
+            let deal = &slf.get().deal;
+            let rank = deal
                 .check_rank(args::int(rank, "rank", i64::MIN)?)
                 .into_py_result()?;
-            let table = ArrayView2::from_shape((plan.n_steps(), plan.num_replicas()), plan.steps())
+            let table = ArrayView2::from_shape((deal.n_steps(), deal.num_replicas()), deal.steps())
                 .map_err(|error| pyo3::exceptions::PyRuntimeError::new_err(error.to_string()))?;
-            // SAFETY: the column is part of the frozen plan's table, which never changes.
+            // SAFETY: the column is part of the frozen deal's table, which never changes.
             Ok(unsafe { readonly_view(slf.as_any(), &table.column(rank)) })
         })
     }
@@ -381,7 +397,7 @@ impl PyEpochPlan {
     ///
     /// A batch is a list of sequence indices, or with ``segments=True`` a list of
     /// ``(index, start, length)`` tuples (needed when sequences were split or truncated).
-    /// Skipping ahead costs nothing: the plan is a table, not a stream.
+    /// Skipping ahead costs nothing: the deal is a table, not a stream.
     #[pyo3(
         signature = (rank, start = Arg::MISSING, *, segments = Arg::MISSING),
         text_signature = "($self, rank, start=0, *, segments=False)"
@@ -392,14 +408,14 @@ impl PyEpochPlan {
         start: Arg<'_>,
         segments: Arg<'_>,
     ) -> PyResult<RankBatches> {
-        guard("EpochPlan.batches", || {
-            let plan = &slf.get().plan;
-            let rank = plan
+        guard("EpochDeal.batches", || {
+            let deal = &slf.get().deal;
+            let rank = deal
                 .check_rank(args::int(rank, "rank", i64::MIN)?)
                 .into_py_result()?;
             let start = start.int_or("start", 0, 0)? as usize;
             Ok(RankBatches {
-                plan: slf.clone().unbind(),
+                deal: slf.clone().unbind(),
                 rank,
                 next: start,
                 segments: segments.flag_or("segments", false)?,
@@ -409,19 +425,17 @@ impl PyEpochPlan {
 
     /// The bins no rank has run before step ``step``, as a packing of their own.
     ///
-    /// Plan it for another number of ranks (:func:`plan_epoch`, :class:`Planner`) to
+    /// Deal it for another number of ranks (:func:`deal_epoch`, :class:`Dealer`) to
     /// finish the epoch on a resized job: the bins keep their segments, so every sequence
     /// of the epoch is still used exactly once. Bins are listed in step order, ranks in
-    /// order within a step; the packing keeps this plan's ``max_tokens``, ``n_seqs`` and
+    /// order within a step; the packing keeps this deal's ``max_tokens``, ``n_seqs`` and
     /// kind, and the counts of sequences the original packing dropped, truncated or
     /// split; its ``lower_bound`` and ``input_tokens`` are those of the bins it holds.
     fn rest(&self, py: Python<'_>, step: &Bound<'_, PyAny>) -> PyResult<PyPacking> {
-        guard("EpochPlan.rest", || {
+        guard("EpochDeal.rest", || {
             let step = args::int(step, "step", 0)? as usize;
-            let bins = py.detach(|| self.plan.rest(step)).into_py_result()?;
-            Ok(PyPacking {
-                bins: Arc::new(bins),
-            })
+            let bins = py.detach(|| self.deal.rest(step)).into_py_result()?;
+            Ok(PyPacking::new(bins))
         })
     }
 
@@ -435,12 +449,12 @@ impl PyEpochPlan {
         py: Python<'py>,
         kind: Arg<'py>,
     ) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        guard("EpochPlan.step_costs", || {
+        guard("EpochDeal.step_costs", || {
             let kind = match kind.given() {
                 None => CostKind::Tokens,
                 Some(value) => args::choice(value, "kind")?,
             };
-            let costs = self.plan.step_costs(kind).into_py_result()?;
+            let costs = self.deal.step_costs(kind).into_py_result()?;
             self.table(py, costs)
         })
     }
@@ -448,8 +462,8 @@ impl PyEpochPlan {
     /// Real (non-padding) tokens of every bin of the table, shape
     /// ``(n_steps, num_replicas)``.
     fn real_tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        guard("EpochPlan.real_tokens", || {
-            self.table(py, self.plan.real_tokens())
+        guard("EpochDeal.real_tokens", || {
+            self.table(py, self.deal.real_tokens())
         })
     }
 
@@ -461,24 +475,24 @@ impl PyEpochPlan {
     /// balanced ones, by that cost model (1.0 is perfect). ``tokens`` counts what the
     /// linear layers process (padding included), ``attention`` the sum of squared spans.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        guard("EpochPlan.stats", || stats_dict(py, &self.plan.stats()))
+        guard("EpochDeal.stats", || stats_dict(py, &self.deal.stats()))
     }
 
     fn __repr__(&self) -> PyResult<String> {
-        guard("EpochPlan.__repr__", || {
+        guard("EpochDeal.__repr__", || {
             Ok({
                 format!(
-                    "EpochPlan(epoch={}, num_replicas={}, n_steps={})",
-                    self.plan.epoch(),
-                    self.plan.num_replicas(),
-                    self.plan.n_steps()
+                    "EpochDeal(epoch={}, num_replicas={}, n_steps={})",
+                    self.deal.epoch(),
+                    self.deal.num_replicas(),
+                    self.deal.n_steps()
                 )
             })
         })
     }
 }
 
-fn stats_dict<'py>(py: Python<'py>, stats: &PlanStats) -> PyResult<Bound<'py, PyDict>> {
+fn stats_dict<'py>(py: Python<'py>, stats: &DealStats) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     dict.set_item("epoch", stats.epoch)?;
     dict.set_item("num_replicas", stats.num_replicas)?;
@@ -506,11 +520,11 @@ fn stats_dict<'py>(py: Python<'py>, stats: &PlanStats) -> PyResult<Bound<'py, Py
     Ok(dict)
 }
 
-/// Iterator over the batches of one rank of an :class:`EpochPlan` (lists of sequence
+/// Iterator over the batches of one rank of an :class:`EpochDeal` (lists of sequence
 /// indices, or of ``(index, start, length)`` tuples).
 #[pyclass(module = "tokenbatch._core", name = "RankBatches")]
 pub struct RankBatches {
-    plan: Py<PyEpochPlan>,
+    deal: Py<PyEpochDeal>,
     rank: usize,
     next: usize,
     segments: bool,
@@ -524,19 +538,21 @@ impl RankBatches {
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         guard("RankBatches.__next__", || {
-            let plan = &self.plan.get().plan;
-            if self.next >= plan.n_steps() {
+            let deal = &self.deal.get().deal;
+            if self.next >= deal.n_steps() {
                 return Ok(None);
             }
-            let layout = plan.layout();
-            let range = layout.segment_range(plan.bin_at(self.next, self.rank));
+            let deck = deal.deck();
+            let range = deck.segment_range(deal.bin_at(self.next, self.rank));
             self.next += 1;
-            let indices = &layout.indices()[range.clone()];
+            let indices = &deck.indices()[range.clone()];
             if !self.segments {
                 return PyList::new(py, indices).map(Some);
             }
-            let (starts, lengths) = (&layout.starts()[range.clone()], &layout.lengths()[range]);
-            let triples = (0..indices.len()).map(|j| (indices[j], starts[j], lengths[j]));
+            let first = range.start;
+            let lengths = &deck.lengths()[range];
+            let triples =
+                (0..indices.len()).map(|j| (indices[j], deck.start(first + j), lengths[j]));
             PyList::new(py, triples).map(Some)
         })
     }
@@ -544,7 +560,7 @@ impl RankBatches {
     /// Batches left.
     fn __length_hint__(&self) -> PyResult<usize> {
         guard("RankBatches.__length_hint__", || {
-            Ok(self.plan.get().plan.n_steps().saturating_sub(self.next))
+            Ok(self.deal.get().deal.n_steps().saturating_sub(self.next))
         })
     }
 }
@@ -569,9 +585,9 @@ fn permutation(py: Python<'_>, seed: u64, n: usize) -> PyResult<Bound<'_, PyArra
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("PLAN_FORMAT", PLAN_FORMAT)?;
-    m.add_class::<PyPlanner>()?;
-    m.add_class::<PyEpochPlan>()?;
+    m.add("DEAL_FORMAT", DEAL_FORMAT)?;
+    m.add_class::<PyDealer>()?;
+    m.add_class::<PyEpochDeal>()?;
     m.add_class::<RankBatches>()?;
     m.add_function(wrap_pyfunction!(mix_seed, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
