@@ -262,7 +262,8 @@ def test_deal_after_a_chain_of_resizes_uses_every_token_once(
 def test_arrays_are_read_only_views_of_the_owner() -> None:
     packing = tb.pack([5, 9, 3, 7, 1, 8], 10)
     deal = deal_epoch(packing, 2, split_sequences=True)
-    for owner, name in [(packing, "indices"), (packing, "bin_tokens"), (deal, "steps")]:
+    # The deal's arrays belong to the Rust object it wraps.
+    for owner, name in [(packing, "indices"), (packing, "bin_tokens"), (deal._deal, "steps")]:
         array = getattr(owner, name)
         assert array.base is owner, name
         assert not array.flags.writeable, name

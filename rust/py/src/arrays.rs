@@ -2,7 +2,7 @@
 
 use numpy::ndarray::{ArrayView, ArrayView1, Dimension};
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
-use numpy::{Element, PyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
+use numpy::{Element, IntoPyArray, PyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -46,6 +46,11 @@ fn read_only<T: Element, D: Dimension>(
     // PyArray_CLEARFLAGS does.
     unsafe { (*array.as_array_ptr()).fields.flags &= !NPY_ARRAY_WRITEABLE };
     array
+}
+
+/// `values` handed to numpy without a copy, as a read-only array.
+pub fn readonly_vec<T: Element>(py: Python<'_>, values: Vec<T>) -> Bound<'_, PyArray1<T>> {
+    read_only(values.into_pyarray(py))
 }
 
 /// `n` zeros as a read-only int64 array: `numpy.zeros`, whose pages the kernel maps

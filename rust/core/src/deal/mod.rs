@@ -23,7 +23,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{at_least, at_least_usize, Error, Result};
 use crate::packing::Bins;
 use crate::rng::mix_seed;
 
@@ -75,6 +75,43 @@ impl Default for DealOptions {
 }
 
 impl DealOptions {
+    /// Check and build options from the raw values a caller passes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        num_replicas: i64,
+        seed: u64,
+        shuffle: bool,
+        balance: Option<&str>,
+        drop_last: bool,
+        pad_to_multiple_of: i64,
+        split_sequences: bool,
+        hidden_size: Option<i64>,
+    ) -> Result<Self> {
+        let balance = balance
+            .map(|name| {
+                name.parse().map_err(|_| {
+                    Error::invalid(format!(
+                        "balance must be 'attention', 'tokens', 'flops' or None, got '{name}'"
+                    ))
+                })
+            })
+            .transpose()?;
+        let options = Self {
+            num_replicas: at_least_usize(num_replicas, 1, "num_replicas")?,
+            seed,
+            shuffle,
+            balance,
+            drop_last,
+            pad_to_multiple_of: at_least(pad_to_multiple_of, 1, "pad_to_multiple_of")?,
+            split_sequences,
+            hidden_size: hidden_size
+                .map(|h| at_least(h, 1, "hidden_size"))
+                .transpose()?,
+        };
+        options.validate()?;
+        Ok(options)
+    }
+
     /// Refuse options no deal can follow.
     pub fn validate(&self) -> Result<()> {
         if self.num_replicas == 0 {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{stream, DealOptions, Dealer, EpochDeal};
-use crate::error::{Error, Result};
+use crate::error::{at_least_usize, Error, Result};
 use crate::packing::{Bins, Packing};
 use crate::rng::mix_seed;
 
@@ -14,6 +14,16 @@ pub struct Run {
     pub num_replicas: usize,
     /// Steps every rank ran.
     pub steps: usize,
+}
+
+impl Run {
+    /// A run of `steps` steps on `num_replicas` ranks, checked.
+    pub fn new(num_replicas: i64, steps: i64) -> Result<Self> {
+        Ok(Self {
+            num_replicas: at_least_usize(num_replicas, 1, "num_replicas of a run")?,
+            steps: at_least_usize(steps, 0, "steps of a run")?,
+        })
+    }
 }
 
 /// The bins of `deal` from step `step` on (all ranks), as bins of their own.
