@@ -16,7 +16,6 @@ The packer is deterministic: the same stream, options and seed give the same bin
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -323,22 +322,6 @@ class StreamPacker:
             f"StreamPacker(max_tokens={self.max_tokens}, buffer_size={self.buffer_size}, "
             f"shard={self.shard}/{self.num_shards}, yielded_bins={self.yielded_bins})"
         )
-
-
-def __getattr__(name: str) -> Any:
-    """The old home of :class:`tokenbatch.torch.StreamingDataset`: the name still works,
-    with a ``DeprecationWarning``, and imports torch only when used."""
-    if name == "StreamingDataset":
-        warnings.warn(
-            "tokenbatch.stream.StreamingDataset moved to tokenbatch.torch: use "
-            "'from tokenbatch.torch import StreamingDataset'; the old name will be removed",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from tokenbatch.torch.streaming import StreamingDataset
-
-        return StreamingDataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _indexable(source: object) -> bool:
