@@ -321,7 +321,6 @@ class TokenBudgetTrainerMixin(_TrainerBase):
                 if counts[-1] == 0:
                     raise InvalidValueError(f"epoch {epoch} of the sampler has no optimizer step")
                 epoch += 1
-            num_train_epochs = epoch
         else:
             num_train_epochs = math.ceil(args.num_train_epochs)
             fraction = args.num_train_epochs - (num_train_epochs - 1)
