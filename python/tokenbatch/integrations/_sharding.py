@@ -2,13 +2,14 @@
 
 ``accelerator.prepare(loader)`` (and so every trainer built on Accelerate) wraps a
 loader's batch sampler in ``accelerate.data_loader.BatchSamplerShard``, which keeps every
-``P``-th batch on each of ``P`` processes. A :class:`~tokenbatch.torch.TokenBudgetBatchSampler`
-already yields only its own rank's batches, so the wrapper would silently drop about
-``1 - 1/P`` of them. The sampler asks here when it starts an iteration, which happens
-inside the iteration of the loader that draws from it: a loader Accelerate prepared is
-then ``GradientState().active_dataloader`` (a documented attribute of Accelerate's
-``GradientState``), and what it holds says whether it shards the sampler. tokenbatch never imports Accelerate for this: when nothing has imported it,
-nothing can have wrapped the sampler.
+``P``-th batch on each of ``P`` processes. A ``TokenBudgetBatchSampler`` already yields
+only its own rank's batches, so the wrapper would silently drop about ``1 - 1/P`` of
+them. The sampler asks here when it starts an iteration, which happens inside the
+iteration of the loader that draws from it: a loader Accelerate prepared is then
+``GradientState().active_dataloader`` (a documented attribute of Accelerate's
+``GradientState``), and what it holds says whether it shards the sampler. tokenbatch
+never imports Accelerate for this: when nothing has imported it, nothing can have
+wrapped the sampler.
 """
 
 from __future__ import annotations
