@@ -25,7 +25,9 @@ from tokenbatch.torch import TokenBudgetBatchSampler, optimizer_steps
 
 RUNS = Path(__file__).resolve().parent / "runs"
 
-TIMEOUT_S = 420
+# Generous: a hang is caught all the same, and a machine shared with other jobs runs the
+# six trainings of the Trainer script in up to twice its usual 3 to 5 minutes.
+TIMEOUT_S = 900
 
 Records = list[dict[str, Any]]
 Logs = dict[str, dict[int, Records]]  # run name -> rank -> records
