@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,34 @@ def test_the_sampler_reads_no_frame_and_imports_no_accelerate() -> None:
     code = "import sys, tokenbatch.torch; print('accelerate' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_the_table_shows_passing_sessions_on_the_releases_the_extras_name() -> None:
+    # docs/compatibility.md is written by the nox sessions: its oldest rows must name the
+    # lower bounds pyproject.toml declares today, and every row must have passed.
+    pytest.importorskip("nox")
+    from packaging.version import Version
+    from script_module import load_script
+
+    noxfile = load_script(PACKAGE.parents[1] / "noxfile.py", "noxfile")
+    table = (PACKAGE.parents[1] / "docs" / "compatibility.md").read_text()
+    for integration in noxfile.INTEGRATIONS.values():
+        lines = table.splitlines()
+        rows = {}
+        for stack in noxfile.STACKS:
+            start = f"| {integration.title} | {stack} |"
+            rows[stack] = next((line for line in lines if line.startswith(start)), "")
+        for stack, row in rows.items():
+            assert row.endswith(" passed |"), f"{integration.title} on the {stack} stack: {row!r}"
+        declared = noxfile.requirements(integration.extras)
+        declared += [noxfile.named(library) for library in integration.harness]
+        for pin in noxfile.oldest(declared):
+            library, version = re.fullmatch(r"([\w.\-]+)(?:\[.*\])?==(.+)", pin).groups()
+            if library not in integration.libraries:
+                continue
+            shown = re.search(rf"\b{re.escape(library)} ([\w.]+)", rows["oldest"])
+            assert shown, f"{integration.title}: the oldest row names no {library}"
+            assert Version(shown.group(1)) == Version(version), (
+                f"{integration.title}: the oldest session ran {library} {shown.group(1)}, "
+                f"pyproject.toml's lower bound is {version}: run nox -t oldest"
+            )
