@@ -21,6 +21,13 @@ import tokenbatch.ray as tb_ray
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.hf import pack_table
 
+# Ray 2.52 leaves its log files and child processes to its own shutdown, which Python
+# reports as resource warnings while the tests run.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
 MAX_TOKENS = 512
 
 

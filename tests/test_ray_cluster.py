@@ -21,6 +21,13 @@ from test_ray import MAX_TOKENS, assert_exactly_once, corpus, read_shards
 
 import tokenbatch.ray as tb_ray
 
+# Ray 2.52 leaves its log files and child processes to its own shutdown, which Python
+# reports as resource warnings while the tests run.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
