@@ -69,7 +69,9 @@ def mrope_position_ids(
     per token; an image's placeholder tokens, ``t * h * w / spatial_merge_size**2`` in
     a row, take the positions of their place in the image's merged ``(t, h, w)`` grid,
     offset by the position the image starts at; the text after the image continues at
-    that start plus ``max(h, w) / spatial_merge_size``. Every document (a range of
+    that start plus ``max(h, w) / spatial_merge_size`` (as transformers 5 computes it;
+    4.x continued after ``max(t, h / merge, w / merge)``, the same for the one temporal
+    patch of every image Qwen's processors make). Every document (a range of
     ``cu_seqlens``) starts at 0. The images of ``image_grid_thw`` belong to the
     placeholder tokens in row order. Vectorized over the row (no loop per document or
     image).
