@@ -28,6 +28,7 @@ import torch
 
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.torch._row import row_collator
 from tokenbatch.torch.collate import PackedCollator, _as_int64
 
 __all__ = [
@@ -43,15 +44,18 @@ _ROLES = ("chosen", "rejected")
 
 class IncompletePairError(InvalidValueError):
     """A batch holds one sequence of a preference pair without the other: the pair is
-    incomplete in the dataset, or it was split across batches (pack its two sequences as
-    one group, or one item per pair)."""
+    incomplete in the dataset, or its two sequence items were packed apart."""
+
+
+#: A sequence of the row: its tokens and labels.
+_Sequence = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 @dataclass
 class _Pair:
     """One pair read from the items: its two sequences, chosen first."""
 
-    sequences: tuple[dict[str, npt.NDArray[np.int64]], dict[str, npt.NDArray[np.int64]]]
+    sequences: tuple[_Sequence, _Sequence]
     pair_id: int
     ref_logps: tuple[float, float] | None
 
@@ -66,8 +70,8 @@ class PreferenceCollator:
       ``prompt_ids`` (optional), ``chosen_ids`` and ``rejected_ids``. The pair becomes
       two sequences, prompt + chosen and prompt + rejected, whose prompt tokens have
       ``ignore_index`` labels; pack it by :func:`pair_lengths`, its two sequences' total;
-    * **one item per sequence**, two consecutive items per pair (packed with the pair as
-      one group): ``input_ids``, ``labels`` (optional; ``ignore_index`` on the prompt),
+    * **one item per sequence**, two consecutive items per pair (packed together):
+      ``input_ids``, ``labels`` (optional; ``ignore_index`` on the prompt),
       ``pair_id`` (an integer shared by the two) and ``role`` (``"chosen"`` or
       ``"rejected"``, in either order).
 
@@ -75,14 +79,16 @@ class PreferenceCollator:
     (``ref_chosen_logps`` and ``ref_rejected_logps`` on a pair item, ``ref_logps`` on a
     sequence item); then every item of the batch must. The other key names are
     arguments (TRL 0.28 wrote ``prompt_input_ids``, ``chosen_input_ids`` and
-    ``rejected_input_ids``).
+    ``rejected_input_ids``); sequence items hold their tokens and labels under the
+    collator's ``input_key`` and ``labels_key``.
 
     Returns what ``collator`` (by default a :class:`PackedCollator`) returns for the
     row's sequences, in order, chosen before rejected in every pair, and:
 
     * ``chosen_index``, ``rejected_index``: int64, one per pair: the positions of the
       pair's two sequences in the row (indices into ``cu_seqlens``, and into what
-      :func:`sequence_logps` returns);
+      :func:`sequence_logps` returns; the padding of ``pad_to_multiple_of``, when there
+      is some, is one more sequence at the end, of no pair);
     * ``pair_ids``: int64, one per pair: its ``pair_id`` (``-1`` for a pair item without
       one);
     * ``ref_chosen_logps``, ``ref_rejected_logps``: float64, one per pair, when the items
@@ -107,13 +113,7 @@ class PreferenceCollator:
         pair_key: str = "pair_id",
         role_key: str = "role",
     ) -> None:
-        if collator is None:
-            collator = PackedCollator()
-        if not isinstance(collator, PackedCollator):
-            raise InvalidTypeError(
-                f"collator must be a PackedCollator, got {type(collator).__name__}"
-            )
-        self.collator = collator
+        self.collator = row_collator(collator)
         self.prompt_key = prompt_key
         self.chosen_key = chosen_key
         self.rejected_key = rejected_key
@@ -123,12 +123,12 @@ class PreferenceCollator:
     def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
         """Collate ``items`` (one batch of the sampler) into one row of pairs."""
         pairs = self._read_pairs(items)
-        collator = self.collator
-        sequences = [sequence for pair in pairs for sequence in pair.sequences]
-        batch = collator(
+        keys = (self.collator.input_key, self.collator.labels_key)
+        batch = self.collator(
             [
-                {collator.input_key: s["input_ids"], collator.labels_key: s["labels"]}
-                for s in sequences
+                dict(zip(keys, sequence, strict=True))
+                for pair in pairs
+                for sequence in pair.sequences
             ]
         )
         chosen = torch.arange(0, 2 * len(pairs), 2, dtype=torch.int64)
@@ -181,7 +181,7 @@ class PreferenceCollator:
             completion = self._tokens(item[key], position, key)
             tokens = np.concatenate([prompt, completion])
             self._non_empty(tokens, position, key)
-            sequences.append({"input_ids": tokens, "labels": np.concatenate([ignored, completion])})
+            sequences.append((tokens, np.concatenate([ignored, completion])))
         pair_id = self._pair_id(item, position) if self.pair_key in item else -1
         ref = None
         keys = ("ref_chosen_logps", "ref_rejected_logps")
@@ -220,26 +220,25 @@ class PreferenceCollator:
             ref = None if ref is None else (ref[1], ref[0])
         return _Pair((sequences[0], sequences[1]), pair_id, ref)
 
-    def _sequence(self, item: Mapping[str, Any], position: int) -> dict[str, npt.NDArray[np.int64]]:
-        tokens = self._tokens(_field(item, "input_ids", position), position, "input_ids")
-        self._non_empty(tokens, position, "input_ids")
-        labels = item.get("labels")
-        if labels is None:
-            return {"input_ids": tokens, "labels": tokens}
-        labels = self._tokens(labels, position, "labels")
+    def _sequence(self, item: Mapping[str, Any], position: int) -> _Sequence:
+        input_key, labels_key = self.collator.input_key, self.collator.labels_key
+        tokens = self._tokens(_field(item, input_key, position), position, input_key)
+        self._non_empty(tokens, position, input_key)
+        if item.get(labels_key) is None:
+            return tokens, tokens
+        labels = self._tokens(item[labels_key], position, labels_key)
         if len(labels) != len(tokens):
             raise InvalidValueError(
-                f"items[{position}] has {len(tokens)} input_ids but {len(labels)} labels"
+                f"items[{position}] has {len(tokens)} {input_key} but {len(labels)} {labels_key}"
             )
-        return {"input_ids": tokens, "labels": labels}
+        return tokens, labels
 
     def _incomplete(self, position: int, item: Mapping[str, Any], what: str) -> IncompletePairError:
         pair_id = item.get(self.pair_key, "?")
         role = item.get(self.role_key, "?")
         return IncompletePairError(
             f"items[{position}], the {role!r} sequence of pair {pair_id}, {what}: a pair's two "
-            "sequences must be consecutive items of one batch (pack them as one group, or "
-            "give one item per pair)"
+            "sequence items must be consecutive in one batch (a pair item always holds both)"
         )
 
     @staticmethod

@@ -18,6 +18,7 @@ import torch
 
 from tokenbatch._convert import as_choice, as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.torch._row import row_collator
 from tokenbatch.torch.collate import PackedCollator, _as_int64, _cumulative
 
 __all__ = ["VisionLanguageCollator", "mrope_position_ids"]
@@ -188,12 +189,7 @@ class VisionLanguageCollator:
         positions: Positions = "text+mrope",
         collator: PackedCollator | None = None,
     ) -> None:
-        if collator is None:
-            collator = PackedCollator()
-        if not isinstance(collator, PackedCollator):
-            raise InvalidTypeError(
-                f"collator must be a PackedCollator, got {type(collator).__name__}"
-            )
+        collator = row_collator(collator)
         self.image_token_id = as_int(image_token_id, "image_token_id")
         if collator.pad_token_id == self.image_token_id:
             raise InvalidValueError(
