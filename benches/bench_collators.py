@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import trl
 from conftest import sizes
 from transformers import Qwen2VLConfig, Qwen2VLModel
 from trl.trainer.dpo_trainer import DataCollatorForPreference
@@ -108,9 +109,19 @@ def preference_pairs(n: int, seed: int = 0) -> list[dict[str, Any]]:
     ]
 
 
+def trl_items(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pairs under the keys of the installed TRL's collator (``*_input_ids`` in 0.x)."""
+    if int(trl.__version__.split(".")[0]) >= 1:
+        return pairs
+    return [{key.replace("_ids", "_input_ids"): value for key, value in p.items()} for p in pairs]
+
+
 COLLATORS = {
-    "tokenbatch PreferenceCollator (packed row)": PreferenceCollator(),
-    "TRL DataCollatorForPreference (padded)": DataCollatorForPreference(pad_token_id=0),
+    "tokenbatch PreferenceCollator (packed row)": (PreferenceCollator(), lambda pairs: pairs),
+    "TRL DataCollatorForPreference (padded)": (
+        DataCollatorForPreference(pad_token_id=0),
+        trl_items,
+    ),
 }
 
 
@@ -118,11 +129,12 @@ COLLATORS = {
 @pytest.mark.parametrize("n_pairs", sizes([16, 128], [16]))
 def test_collate_preference_pairs(benchmark: Any, collator: str, n_pairs: int) -> None:
     pairs = preference_pairs(n_pairs)
+    collate, items_for = COLLATORS[collator]
     benchmark.group = f"collate {n_pairs} preference pairs"
-    batch = benchmark(COLLATORS[collator], pairs)
+    batch = benchmark(collate, items_for(pairs))
     tokens = sum(
         2 * len(p["prompt_ids"]) + len(p["chosen_ids"]) + len(p["rejected_ids"]) for p in pairs
     )
-    benchmark.extra_info.update(tokens=tokens, shape=list(batch["input_ids"].shape))
+    benchmark.extra_info.update(tokens=tokens)
     if collator.startswith("tokenbatch"):
         assert batch["input_ids"].shape == (1, tokens)

@@ -166,9 +166,10 @@ class VisionLanguageCollator:
       - ``"text+mrope"`` (default): int64 ``[4, 1, T]``, the 1-D positions of
         :class:`PackedCollator` (restarting per document) followed by the three MRoPE
         axes of :func:`mrope_position_ids`. The form Hugging Face's Qwen2-VL family
-        (Qwen2-VL, Qwen2.5-VL) reads a packed row in: without an attention mask and with
-        ``use_cache=False``, it keeps the documents apart where the first row restarts.
-        Given only the three MRoPE axes, those models attend across documents;
+        (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) reads a packed row in: without an attention
+        mask and with ``use_cache=False``, it keeps the documents apart where the first
+        row restarts. Given only the three MRoPE axes, those models attend across
+        documents;
       - ``"mrope"``: ``[3, 1, T]``, the MRoPE axes alone, as ``get_rope_index`` returns
         them, for code that keeps documents apart by ``cu_seqlens``;
       - ``"text"``: ``[1, T]``, the 1-D positions, for models with 1-D rotary positions.
