@@ -71,6 +71,17 @@ def test_the_row_collator_options_apply() -> None:
     batch = collator([PAIR])
     assert batch["cu_seqlens_padded"].tolist() == [0, 8, 12]
     assert batch["cu_seqlens"].tolist() == [0, 5, 9]
+    assert pair_lengths([PAIR], pad_each_to_multiple_of=4).tolist() == [12]
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_bins_of_pair_lengths_make_rows_within_the_budget(multiple: int) -> None:
+    items = pairs(200)
+    lengths = pair_lengths(items, pad_each_to_multiple_of=multiple)
+    collator = PreferenceCollator(collator=PackedCollator(pad_each_to_multiple_of=multiple))
+    rows = [collator([items[i] for i in bin_pairs]) for bin_pairs in tb.pack(lengths, 256)]
+    assert max(row["input_ids"].shape[1] for row in rows) <= 256
+    assert sum(row["input_ids"].shape[1] for row in rows) == lengths.sum()
 
 
 def test_bad_pairs_are_refused() -> None:

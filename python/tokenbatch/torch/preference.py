@@ -288,20 +288,27 @@ def pair_lengths(
     prompt_key: str = "prompt_ids",
     chosen_key: str = "chosen_ids",
     rejected_key: str = "rejected_ids",
+    pad_each_to_multiple_of: int = 1,
 ) -> npt.NDArray[np.int64]:
     """Tokens of every pair item's row, ``2 * prompt + chosen + rejected``: the lengths
     to pack a dataset of pair items by (reads every item once, as
-    :func:`~tokenbatch.torch.sequence_lengths` does)."""
+    :func:`~tokenbatch.torch.sequence_lengths` does).
+
+    With the row collator's ``pad_each_to_multiple_of=k``, pass the same ``k``: each of
+    the pair's two sequences is then counted at its padded length, so that a bin within
+    the budget makes a row within it (the sampler's ``pad_to_multiple_of`` would round
+    the pair's total only).
+    """
+    multiple = as_int(pad_each_to_multiple_of, "pad_each_to_multiple_of", minimum=1)
 
     def total(position: int) -> int:
         item = dataset[position]
         if not isinstance(item, Mapping):
             raise InvalidTypeError(f"dataset item {position} is not a mapping")
         prompt = len(item.get(prompt_key, ()))
-        return (
-            2 * prompt
-            + len(_field(item, chosen_key, position))
-            + len(_field(item, rejected_key, position))
+        return sum(
+            -(-(prompt + len(_field(item, key, position))) // multiple) * multiple
+            for key in (chosen_key, rejected_key)
         )
 
     return np.fromiter((total(i) for i in range(len(dataset))), dtype=np.int64, count=len(dataset))
