@@ -24,6 +24,7 @@ log-loss residuals (iteratively reweighted), started from several points.
 
 from __future__ import annotations
 
+from tokenbatch.scaling.batch_law import BatchLaw, RangeDefinition
 from tokenbatch.scaling.launch import LaunchPlan, LaunchStage, launch_plan
 from tokenbatch.scaling.published import (
     LAWS,
@@ -35,7 +36,7 @@ from tokenbatch.scaling.published import (
     step_law,
 )
 from tokenbatch.scaling.recommend import Recommendation, recommend
-from tokenbatch.scaling.three_term import BatchLaw, RangeDefinition, ThreeTermLaw
+from tokenbatch.scaling.three_term import ThreeTermLaw
 
 __all__ = [
     "LAWS",

@@ -17,13 +17,14 @@ from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.megatron import to_step_batch_size_schedule
 from tokenbatch.memory import ModelSpec, PlannedLayout, estimate_memory, max_micro_batch_tokens
 from tokenbatch.memory import plan as plan_layouts
+from tokenbatch.scaling.batch_law import BatchLaw
 from tokenbatch.scaling.published import (
     LAWS,
     positive_float,
     recorded_extrapolation,
     step_law,
 )
-from tokenbatch.scaling.three_term import BatchLaw, ThreeTermLaw
+from tokenbatch.scaling.three_term import ThreeTermLaw
 from tokenbatch.schedule import BatchScaledLR, LRSchedule, Piecewise, rescale_lr
 
 if TYPE_CHECKING:
