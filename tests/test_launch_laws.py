@@ -9,6 +9,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from script_module import load_script
 
 import tokenbatch
@@ -325,3 +327,28 @@ def test_the_defaults_against_published_dense_runs_of_7b_and_more() -> None:
             others = [item for item in spread.evidence if item is not run]
             assert len(others) == 3
             assert all(item.peak_lr is not None and 2 * item.peak_lr <= used for item in others)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n_params=st.floats(1e7, 1e13),
+    tokens=st.floats(1e9, 1e14),
+    moe=st.booleans(),
+    quantity=st.sampled_from(["batch", "lr"]),
+)
+def test_the_default_is_always_a_listed_law_and_the_best_of_its_pool(
+    n_params: float, tokens: float, moe: bool, quantity: str
+) -> None:
+    scale = RunScale.from_count(n_params, tokens, mixture_of_experts=moe)
+    spread = choose(quantity, scale)  # type: ignore[arg-type]
+    names = [item.law for item in spread.estimates]
+    assert names == list(BATCH_LAWS if quantity == "batch" else LR_LAWS)
+    assert spread.chosen in names
+    assert spread.low <= spread.value <= spread.high
+    assert all(item.value > 0 and math.isfinite(item.value) for item in spread.estimates)
+    inside = [item.law for item in spread.estimates if item.inside]
+    pool = inside or names
+    assert spread.chosen in pool
+    assert spread.agreement(spread.chosen) <= min(spread.agreement(law) for law in pool)
+    assert all(run.mixture_of_experts == moe for run in spread.evidence)
+    assert 0 < len(spread.evidence) <= 4
