@@ -20,8 +20,6 @@ from tokenbatch.scaling.published import (
 )
 from tokenbatch.scaling.result import GB, LaunchPlan, LaunchStage, LRRule
 from tokenbatch.scaling.spread import (
-    BATCH_LAWS,
-    LR_LAWS,
     RunScale,
     Spread,
     choose,
@@ -64,10 +62,8 @@ def _batch_choice(
         value = as_int(batch_tokens, "batch_tokens", minimum=1)
         return _shaped(value, total), "given batch", given("batch", scale, value, None), value
     if law is None or isinstance(law, str):
-        if law is not None and law not in BATCH_LAWS:
-            raise InvalidValueError(f"no published batch law {law!r}; known: {list(BATCH_LAWS)}")
         spread = choose("batch", scale, law=law)
-        name = LAWS[spread.chosen].name if spread.chosen is not None else "given batch"
+        name = LAWS[spread.chosen].name if spread.chosen is not None else spread.reason
         return _shaped(spread.value, total), name, spread, spread.value
     if isinstance(law, ThreeTermLaw):
         batch_law, name = law.batch_law, "the given three-term law"
@@ -94,10 +90,6 @@ def _lr_choice(
             raise InvalidValueError("give either lr_law or peak_lr, not both")
         rate = positive_float(peak_lr, "peak_lr")
         return rate, "given (tuned at the final batch)", given("lr", scale, rate, batch)
-    if lr_law is not None and lr_law not in LR_LAWS:
-        raise InvalidValueError(
-            f"no published learning-rate law {lr_law!r}; known: {list(LR_LAWS)}"
-        )
     spread = choose("lr", scale, law=lr_law, at_batch=batch)
     chosen = next(item for item in spread.estimates if item.law == spread.chosen)
     info = LAWS[chosen.law]

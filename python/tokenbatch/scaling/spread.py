@@ -206,7 +206,8 @@ def choose(
     spread = Spread(quantity, estimates, None, math.nan, "", evidence)
     if law is not None:
         if law not in names:
-            raise InvalidValueError(f"{quantity} law must be one of {list(names)}, got {law!r}")
+            what = "batch" if quantity == "batch" else "learning-rate"
+            raise InvalidValueError(f"no published {what} law {law!r}; known: {list(names)}")
         picked = next(item for item in estimates if item.law == law)
         return Spread(quantity, estimates, law, picked.value, "chosen by the caller", evidence)
     inside = [item for item in estimates if item.inside]
