@@ -1,4 +1,4 @@
-"""Benchmarks of the distributed batch sampler: epoch plans, iteration and resume.
+"""Benchmarks of the distributed batch sampler: epoch deals, iteration and resume.
 
 Full run (numbers in benches/RESULTS.md), 10,000,000 heavy-tailed sequences on 8 ranks::
 
@@ -7,7 +7,7 @@ Full run (numbers in benches/RESULTS.md), 10,000,000 heavy-tailed sequences on 8
 
 Without TOKENBATCH_BENCH_FULL=1 every benchmark runs on 100,000 sequences (smoke test).
 Lengths: the ``documents`` example (Pareto tail, many sequences at the cap) capped at
-8,192 tokens, ``max_tokens=8192``. The pure-Python baseline builds the same kind of plan
+8,192 tokens, ``max_tokens=8192``. The pure-Python baseline builds the same kind of deal
 (costs per bin, sort by cost, deal into steps, shuffle steps) with lists and ``random``,
 from the same packing.
 """
@@ -23,7 +23,7 @@ from conftest import FULL
 
 from tokenbatch import Packing, pack
 from tokenbatch.datasets import example_lengths
-from tokenbatch.distribute import Planner
+from tokenbatch.distribute import Dealer
 from tokenbatch.schedule import LinearRamp
 from tokenbatch.torch import TokenBudgetBatchSampler
 
@@ -42,8 +42,8 @@ def lengths_and_packing(n: int) -> tuple[np.ndarray, Packing]:
     return _cache[n]
 
 
-def python_plan(bins: list[list[int]], lengths: list[int], ranks: int, seed: int) -> list[Any]:
-    """A straightforward pure-Python planner: the baseline."""
+def python_deal(bins: list[list[int]], lengths: list[int], ranks: int, seed: int) -> list[Any]:
+    """A straightforward pure-Python dealer: the baseline."""
     costs = [sum(lengths[i] * lengths[i] for i in b) for b in bins]
     order = sorted(range(len(bins)), key=lambda b: -costs[b])
     while len(order) % ranks:  # the baseline drops the remainder
@@ -66,7 +66,7 @@ def test_pack_alone(benchmark: Any) -> None:
 
 def test_sampler_construction_and_one_rank_epoch(benchmark: Any) -> None:
     """What a job pays before and during its first epoch on one rank: packing, the
-    epoch-0 plan, and iterating all of this rank's batches."""
+    epoch-0 deal, and iterating all of this rank's batches."""
     lengths, packing = lengths_and_packing(N_SEQS)
     benchmark.group = "sampler start-up"
 
@@ -81,32 +81,32 @@ def test_sampler_construction_and_one_rank_epoch(benchmark: Any) -> None:
     assert count * RANKS >= packing.n_bins
 
 
-def test_epoch_plan_from_packing(benchmark: Any) -> None:
+def test_epoch_deal_from_packing(benchmark: Any) -> None:
     """Everything that depends on the packing and the ranks: cutting, costs, order."""
     _, packing = lengths_and_packing(N_SEQS)
 
     def build() -> int:
-        return Planner(packing, RANKS, seed=1).plan(3).n_steps
+        return Dealer(packing, RANKS, seed=1).deal(3).n_steps
 
     n_steps = benchmark.pedantic(build, rounds=5, iterations=1, warmup_rounds=1)
     assert n_steps * RANKS >= packing.n_bins
 
 
-def test_epoch_plan_next_epoch(benchmark: Any) -> None:
+def test_epoch_deal_next_epoch(benchmark: Any) -> None:
     """What ``set_epoch`` costs once the packing-dependent work is cached."""
     _, packing = lengths_and_packing(N_SEQS)
-    planner = Planner(packing, RANKS, seed=1)
+    dealer = Dealer(packing, RANKS, seed=1)
     epochs = iter(range(1, 10**6))
-    plan = benchmark(lambda: planner.plan(next(epochs)))
-    assert plan.n_steps * RANKS >= packing.n_bins
+    deal = benchmark(lambda: dealer.deal(next(epochs)))
+    assert deal.n_steps * RANKS >= packing.n_bins
 
 
-def test_python_baseline_plan(benchmark: Any) -> None:
+def test_python_baseline_deal(benchmark: Any) -> None:
     lengths, packing = lengths_and_packing(N_SEQS)
     bins = [b.tolist() for b in packing]
     length_list = lengths.tolist()
     steps = benchmark.pedantic(
-        python_plan, args=(bins, length_list, RANKS, 1), rounds=3, iterations=1
+        python_deal, args=(bins, length_list, RANKS, 1), rounds=3, iterations=1
     )
     assert len(steps) == len(bins) // RANKS
 
@@ -132,7 +132,7 @@ def test_iteration_per_batch(benchmark: Any) -> None:
 def test_python_baseline_iteration_per_batch(benchmark: Any) -> None:
     lengths, packing = lengths_and_packing(N_SEQS)
     bins = [b.tolist() for b in packing]
-    steps = python_plan(bins, lengths.tolist(), RANKS, 1)
+    steps = python_deal(bins, lengths.tolist(), RANKS, 1)
 
     def iterate() -> int:
         count = 0
@@ -146,7 +146,7 @@ def test_python_baseline_iteration_per_batch(benchmark: Any) -> None:
 
 
 def test_resume_mid_epoch(benchmark: Any) -> None:
-    """Load a mid-epoch state of a new epoch and get the first batch: the epoch plan is
+    """Load a mid-epoch state of a new epoch and get the first batch: the epoch deal is
     recomputed and skipped into, nothing is replayed."""
     lengths, _ = lengths_and_packing(N_SEQS)
     sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=0)
@@ -161,14 +161,14 @@ def test_resume_mid_epoch(benchmark: Any) -> None:
         return epoch, batch
 
     epoch, batch = benchmark.pedantic(resume, rounds=3, iterations=1)
-    planner = Planner(pack(lengths, MAX_TOKENS), RANKS)
-    assert batch == next(planner.plan(epoch).batches(0, middle))
+    dealer = Dealer(pack(lengths, MAX_TOKENS), RANKS)
+    assert batch == next(dealer.deal(epoch).batches(0, middle))
 
 
 @pytest.mark.parametrize("epoch", [1, 100])
 def test_step_offsets_at_epoch(benchmark: Any, epoch: int) -> None:
     """Optimizer steps under a schedule at a late epoch cost what they cost at epoch 1:
-    the tokens of earlier epochs come from a closed form, not from their plans."""
+    the tokens of earlier epochs come from a closed form, not from their deals."""
     lengths, _ = lengths_and_packing(N_SEQS)
     ramp = LinearRamp(MAX_TOKENS, 64 * MAX_TOKENS, 50 * int(lengths.sum()), unit="tokens")
     sampler = TokenBudgetBatchSampler(
@@ -177,7 +177,7 @@ def test_step_offsets_at_epoch(benchmark: Any, epoch: int) -> None:
 
     def at_epoch() -> tuple[tuple[TokenBudgetBatchSampler], dict[str, Any]]:
         # Steps are cached per epoch: fill the cache with another epoch's, then come back
-        # with this epoch's plan built, so that the round times the step grouping alone.
+        # with this epoch's deal built, so that the round times the step grouping alone.
         sampler.set_epoch(epoch + 1)
         sampler.step_offsets()
         sampler.set_epoch(epoch)

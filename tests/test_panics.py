@@ -3,16 +3,11 @@ that ``except Exception`` misses): the binding boundary raises ``InternalError``
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import tokenbatch as tb
 from tokenbatch import _core
-
-BINDINGS = Path(__file__).resolve().parents[1] / "rust" / "py" / "src"
 
 
 @pytest.mark.parametrize(
@@ -42,52 +37,6 @@ def test_except_exception_catches_it_and_the_library_still_works() -> None:
     lengths = np.random.default_rng(0).integers(1, 4096, size=1 << 17)
     packing = tb.pack(lengths, 4096)
     assert np.array_equal(np.sort(packing.indices), np.arange(lengths.size))
-
-
-def _exported_functions(source: str) -> list[tuple[str, str]]:
-    """(name, body) of every ``#[pyfunction]`` and every method of a ``#[pymethods]`` block."""
-    found = []
-    lines = source.splitlines()
-    depth = 0
-    in_methods_at: int | None = None
-    pending_pyfunction = False
-    for number, line in enumerate(lines):
-        stripped = line.strip()
-        if stripped.startswith("#[pyfunction"):
-            pending_pyfunction = True
-        if stripped.startswith("#[pymethods]"):
-            in_methods_at = depth
-        match = re.match(r"(pub )?fn (\w+)", stripped)
-        is_method = in_methods_at is not None and depth == in_methods_at + 1
-        if match and (pending_pyfunction or is_method):
-            found.append((match.group(2), _body(lines, number)))
-            pending_pyfunction = False
-        depth += line.count("{") - line.count("}")
-        if in_methods_at is not None and depth == in_methods_at and "}" in line:
-            in_methods_at = None
-    return found
-
-
-def _body(lines: list[str], first: int) -> str:
-    depth, opened, body = 0, False, []
-    for line in lines[first:]:
-        body.append(line)
-        depth += line.count("{") - line.count("}")
-        opened = opened or "{" in line
-        if opened and depth == 0:
-            break
-    return "\n".join(body)
-
-
-def test_every_exported_function_runs_inside_the_guard() -> None:
-    exported = {
-        name: body
-        for path in sorted(BINDINGS.glob("*.rs"))
-        for name, body in _exported_functions(path.read_text())
-    }
-    assert {"pack", "batch_padded", "memory_grid", "table", "set_num_threads"} <= set(exported)
-    unguarded = sorted(name for name, body in exported.items() if "guard(" not in body)
-    assert unguarded == [], f"wrap these bindings in error::guard: {unguarded}"
 
 
 def test_an_unpickled_packing_without_a_budget_is_refused() -> None:

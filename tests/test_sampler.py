@@ -1,4 +1,4 @@
-"""TokenBudgetBatchSampler and the epoch plans under it: equal steps, exactly-once use,
+"""TokenBudgetBatchSampler and the epoch deals under it: equal steps, exactly-once use,
 balance, exact resume, and clear errors on bad input."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tokenbatch import (
     reference,
 )
 from tokenbatch.datasets import example_lengths
-from tokenbatch.distribute import PLAN_FORMAT, EpochPlan, _permutation, mix_seed, plan_epoch
+from tokenbatch.distribute import DEAL_FORMAT, EpochDeal, _permutation, deal_epoch, mix_seed
 from tokenbatch.torch import SegmentDataset, TokenBudgetBatchSampler
 
 
@@ -217,12 +217,12 @@ def test_flops_balance_evens_out_padded_steps() -> None:
     with pytest.raises(InvalidValueError, match="hidden_size"):
         TokenBudgetBatchSampler(lengths, 8192, balance="flops")
     with pytest.raises(InvalidValueError, match="hidden_size"):
-        plan_epoch(pack(lengths, 8192), 2).step_costs("flops")
+        deal_epoch(pack(lengths, 8192), 2).step_costs("flops")
 
 
 def test_flops_cost_is_tokens_plus_attention_over_12h() -> None:
     lengths = example_lengths("documents", 400, max_length=4096, seed=2)
-    plan = plan_epoch(pack(lengths, 4096), 3, balance="flops", hidden_size=256)
+    plan = deal_epoch(pack(lengths, 4096), 3, balance="flops", hidden_size=256)
     costs = plan.step_costs("flops")
     for rank in range(3):
         for step, batch in enumerate(plan.batches(rank)):
@@ -247,13 +247,13 @@ def test_stats_imbalance_matches_a_direct_computation() -> None:
     assert stats["attention_sync_overhead"] == pytest.approx(overhead)
 
 
-def test_plan_is_a_pure_function_of_its_inputs() -> None:
+def test_deal_is_a_pure_function_of_its_inputs() -> None:
     lengths = example_lengths("lognormal", 5000, max_length=4096, seed=4)
     packing = pack(lengths, 8192)
-    a = plan_epoch(packing, 8, epoch=2, seed=7)
-    b = plan_epoch(packing, 8, epoch=2, seed=7)
-    c = plan_epoch(packing, 8, epoch=3, seed=7)
-    assert isinstance(a, EpochPlan)
+    a = deal_epoch(packing, 8, epoch=2, seed=7)
+    b = deal_epoch(packing, 8, epoch=2, seed=7)
+    c = deal_epoch(packing, 8, epoch=3, seed=7)
+    assert isinstance(a, EpochDeal)
     np.testing.assert_array_equal(a.steps, b.steps)
     assert not np.array_equal(a.steps, c.steps)
     assert sorted(a.steps.ravel().tolist()) == list(range(a.steps.size))
@@ -338,9 +338,9 @@ def test_consumed_batches_counts_from_the_resumed_iteration() -> None:
     assert list(again) == expected[4:]
 
 
-def test_plan_rest_holds_the_bins_not_yet_run() -> None:
+def test_deal_rest_holds_the_bins_not_yet_run() -> None:
     lengths = example_lengths("chat", 500, max_length=2048, seed=15)
-    plan = plan_epoch(pack(lengths, 4096, oversize="split"), 3, seed=4)
+    plan = deal_epoch(pack(lengths, 4096, oversize="split"), 3, seed=4)
 
     def segments(offsets: Any, bins: Any, source: Any) -> list[tuple[int, int, int]]:
         return [
@@ -445,7 +445,7 @@ def test_resized_resume_is_the_same_on_every_rank_and_needs_consent() -> None:
         TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, seed=2).load_state_dict(
             {**state, "resized": [[4]]}
         )
-    with pytest.raises(InvalidValueError, match="does not match the plan"):
+    with pytest.raises(InvalidValueError, match="does not match the deal"):
         TokenBudgetBatchSampler(lengths, 4096, num_replicas=4, seed=2).load_state_dict(
             {**state, "resized": [[4, 10**6]]}
         )
@@ -538,17 +538,18 @@ def test_state_dict_from_another_dataset_or_config_is_refused() -> None:
         sampler.load_state_dict([1, 2])  # type: ignore[arg-type]
 
 
-def test_state_of_another_plan_format_is_refused_with_a_message_that_says_so() -> None:
+def test_state_of_another_deal_format_is_refused_with_a_message_that_says_so() -> None:
     lengths = example_lengths("chat", 400, max_length=1024, seed=8)
     sampler = TokenBudgetBatchSampler(lengths, 2048, num_replicas=2)
     state = sampler.state_dict()
-    assert state["plan_format"] == PLAN_FORMAT
-    with pytest.raises(InvalidValueError, match=r"plan format 1 .* plans with format 2"):
-        sampler.load_state_dict({**state, "plan_format": 1})
-    # States of the numpy planner did not record a plan format: they are format 1.
-    old = {k: v for k, v in state.items() if k != "plan_format"}
-    old["format"] = "tokenbatch.TokenBudgetBatchSampler/1"
-    with pytest.raises(InvalidValueError, match="plan format 1"):
+    assert state["deal_format"] == DEAL_FORMAT
+    with pytest.raises(InvalidValueError, match=r"deal format 1 .* deals with format 2"):
+        sampler.load_state_dict({**state, "deal_format": 1})
+    # A state of another sampler state format is refused, naming both formats.
+    old = {**state, "format": "tokenbatch.TokenBudgetBatchSampler/1"}
+    with pytest.raises(
+        InvalidValueError, match=r"format 'tokenbatch.TokenBudgetBatchSampler/1'.* reads .*/3"
+    ):
         sampler.load_state_dict(old)
 
 

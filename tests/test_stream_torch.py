@@ -47,15 +47,14 @@ def test_is_an_iterable_dataset_of_the_torch_package() -> None:
     assert type(dataset).__module__ == "tokenbatch.torch.streaming"
 
 
-def test_the_stream_module_imports_without_torch_and_its_old_name_warns() -> None:
+def test_the_stream_module_imports_without_torch_and_holds_no_dataset() -> None:
     code = "import sys, tokenbatch, tokenbatch.stream; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
     import tokenbatch.stream
 
-    with pytest.warns(DeprecationWarning, match="from tokenbatch.torch import StreamingDataset"):
-        old = tokenbatch.stream.StreamingDataset  # type: ignore[attr-defined]
-    assert old is StreamingDataset
+    # The dataset lives in tokenbatch.torch only; the stream module never imports it.
+    assert not hasattr(tokenbatch.stream, "StreamingDataset")
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         tokenbatch.stream.Nothing  # type: ignore[attr-defined]  # noqa: B018
 

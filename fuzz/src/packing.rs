@@ -325,7 +325,7 @@ pub fn reference(lengths: &[i64], options: &PackOptions, padded_batches: bool) -
     let mut packing = Packing {
         bin_offsets: vec![0],
         indices: Vec::new(),
-        starts: Vec::new().into(),
+        starts: None,
         lengths: Vec::new(),
         bin_tokens: Vec::new(),
         counts,
@@ -342,7 +342,8 @@ pub fn reference(lengths: &[i64], options: &PackOptions, padded_batches: bool) -
         packing.segment_cost += tokens;
         packing.bin_tokens.push(tokens as i64);
     }
-    packing.starts = starts.into();
+    // The core keeps offsets only under the policy that splits sequences.
+    packing.starts = (options.oversize == Oversize::Split).then_some(starts);
     if let Some(batch_cost) = padded_cost {
         packing.bin_tokens = batch_cost.iter().map(|&c| c as i64).collect();
     }
@@ -358,7 +359,10 @@ pub fn check(lengths: &[i64], options: &PackOptions, packing: &Packing, padded_b
         packing.bin_offsets.last().map(|&o| o as usize),
         Some(n_segments)
     );
-    assert_eq!(packing.starts.len(), n_segments);
+    assert!(packing
+        .starts
+        .as_ref()
+        .is_none_or(|starts| starts.len() == n_segments));
     assert_eq!(packing.lengths.len(), n_segments);
     assert_eq!(packing.bin_tokens.len(), n_bins);
     let mut largest_costs = Vec::with_capacity(n_bins);
@@ -385,7 +389,7 @@ pub fn check(lengths: &[i64], options: &PackOptions, packing: &Packing, padded_b
         assert_eq!(packing.bin_tokens[bin] as u64, expected, "bin {bin} cost");
         assert!(expected <= options.max_tokens, "bin {bin} is over budget");
         let keys: Vec<(i64, i64)> = (lo..hi)
-            .map(|s| (packing.indices[s], packing.starts[s]))
+            .map(|s| (packing.indices[s], packing.start(s)))
             .collect();
         assert!(
             keys.windows(2).all(|w| w[0] < w[1]),
@@ -399,7 +403,7 @@ pub fn check(lengths: &[i64], options: &PackOptions, packing: &Packing, padded_b
     for s in 0..n_segments {
         let index = usize::try_from(packing.indices[s]).unwrap_or(usize::MAX);
         assert!(index < lengths.len(), "segment {s} names sequence {index}");
-        pieces[index].push((packing.starts[s] as u64, packing.lengths[s] as u64));
+        pieces[index].push((packing.start(s) as u64, packing.lengths[s] as u64));
     }
     for (i, got) in pieces.iter_mut().enumerate() {
         got.sort_unstable();

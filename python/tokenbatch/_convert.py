@@ -135,8 +135,17 @@ def as_bool(value: object, name: str) -> bool:
     return bool(value)
 
 
+def as_str(value: object, name: str) -> str:
+    """Return ``value`` if it is a string; the core, which parses the names it accepts,
+    refuses an unknown one."""
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, got {value!r}")
+    return value
+
+
 def as_choice(value: object, name: str, allowed: tuple[str, ...]) -> str:
-    """Return ``value`` if it is one of the ``allowed`` strings."""
+    """Return ``value`` if it is one of the ``allowed`` strings (for choices made in
+    Python; names the core parses go through :func:`as_str`)."""
     if not isinstance(value, str):
         raise InvalidTypeError(f"{name} must be a string, got {value!r}")
     if value not in allowed:

@@ -3,7 +3,7 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, final
 
 import numpy as np
@@ -11,12 +11,12 @@ import numpy.typing as npt
 
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
-    "PLAN_FORMAT",
+    "DEAL_FORMAT",
     "ContextParallelShard",
-    "EpochPlan",
+    "Dealer",
+    "EpochDeal",
     "Packing",
     "PackingBins",
-    "Planner",
     "RankBatches",
     "Schedule",
     "StreamBin",
@@ -123,29 +123,29 @@ def batch_padded(
     oversize: str,
 ) -> Packing: ...
 
-# --- plans ---
+# --- dealing ---
 
-PLAN_FORMAT: int
+DEAL_FORMAT: int
 
 _CostKind = Literal["tokens", "attention", "flops"]
 
 @final
-class Planner:
-    """Builds epoch plans for one packing (see ``tokenbatch.distribute.Planner``)."""
+class Dealer:
+    """Deals the bins of one packing, epoch by epoch (see ``tokenbatch.distribute.Dealer``)."""
 
     def __new__(
         cls,
         packing: Packing,
         num_replicas: int,
         *,
-        seed: int = 0,
-        shuffle: bool = True,
-        balance: _CostKind | None = "attention",
-        drop_last: bool = False,
-        pad_to_multiple_of: int = 1,
-        split_sequences: bool = False,
-        hidden_size: int | None = None,
-    ) -> Planner: ...
+        seed: int,
+        shuffle: bool,
+        balance: str | None,
+        drop_last: bool,
+        pad_to_multiple_of: int,
+        split_sequences: bool,
+        hidden_size: int | None,
+    ) -> Dealer: ...
     @property
     def packing(self) -> Packing: ...
     @property
@@ -166,12 +166,12 @@ class Planner:
     def hidden_size(self) -> int | None: ...
     @property
     def epoch_tokens(self) -> int: ...
-    def plan(self, epoch: int) -> EpochPlan: ...
-    def plan_after(self, epoch: int, runs: Iterable[tuple[int, int]]) -> EpochPlan: ...
+    def deal(self, epoch: int) -> EpochDeal: ...
+    def deal_after(self, epoch: int, runs: Sequence[tuple[int, int]]) -> EpochDeal: ...
 
 @final
-class EpochPlan:
-    """One epoch of data-parallel micro-batches (see ``tokenbatch.distribute.EpochPlan``)."""
+class EpochDeal:
+    """One epoch of data-parallel micro-batches (see ``tokenbatch.distribute.EpochDeal``)."""
 
     @property
     def steps(self) -> _I64: ...
@@ -189,11 +189,10 @@ class EpochPlan:
     def num_replicas(self) -> int: ...
     @property
     def n_steps(self) -> int: ...
-    def __len__(self) -> int: ...
     def rank_bins(self, rank: int) -> _I64: ...
-    def batches(self, rank: int, start: int = 0, *, segments: bool = False) -> RankBatches: ...
+    def batches(self, rank: int, start: int, segments: bool) -> RankBatches: ...
     def rest(self, step: int) -> Packing: ...
-    def step_costs(self, kind: _CostKind = "tokens") -> _F64: ...
+    def step_costs(self, kind: str) -> _F64: ...
     def real_tokens(self) -> _I64: ...
     def stats(self) -> dict[str, int | float]: ...
 

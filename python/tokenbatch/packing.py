@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenbatch import _core
-from tokenbatch._convert import as_int, as_lengths, as_seed
+from tokenbatch._convert import as_int, as_lengths, as_seed, as_str
 from tokenbatch._core import Packing
 
 __all__ = ["ALGORITHMS", "Algorithm", "OversizePolicy", "Packing", "batch_padded", "pack"]
@@ -70,10 +70,10 @@ def pack(
     return _core.pack(
         array,
         budget,
-        algorithm=_as_choice(algorithm, "algorithm"),
+        algorithm=as_str(algorithm, "algorithm"),
         max_seqs=None if max_seqs is None else as_int(max_seqs, "max_seqs"),
         pad_to_multiple_of=as_int(pad_to_multiple_of, "pad_to_multiple_of"),
-        oversize=_as_choice(oversize, "oversize"),
+        oversize=as_str(oversize, "oversize"),
         seed=as_seed(seed),
     )
 
@@ -102,13 +102,5 @@ def batch_padded(
         budget,
         max_seqs=None if max_seqs is None else as_int(max_seqs, "max_seqs"),
         pad_to_multiple_of=as_int(pad_to_multiple_of, "pad_to_multiple_of"),
-        oversize=_as_choice(oversize, "oversize"),
+        oversize=as_str(oversize, "oversize"),
     )
-
-
-def _as_choice(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        from tokenbatch.errors import InvalidTypeError
-
-        raise InvalidTypeError(f"{name} must be a string, got {value!r}")
-    return value

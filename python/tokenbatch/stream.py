@@ -16,16 +16,21 @@ The packer is deterministic: the same stream, options and seed give the same bin
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, get_args
-
-import numpy as np
+from typing import Any, Literal
 
 from tokenbatch import _core
-from tokenbatch._convert import as_choice, as_int, as_seed, check_same_config, check_state_format
+from tokenbatch._convert import (
+    as_bool,
+    as_choice,
+    as_int,
+    as_seed,
+    as_str,
+    check_same_config,
+    check_state_format,
+)
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
+from tokenbatch.packing import Algorithm, OversizePolicy
 
 __all__ = ["StreamPacker"]
 
@@ -106,19 +111,15 @@ class StreamPacker:
         self.source = source
         self.max_tokens = as_int(max_tokens, "max_tokens")
         self.buffer_size = as_int(buffer_size, "buffer_size")
-        self.algorithm = as_choice(algorithm, "algorithm", ALGORITHMS)
+        self.algorithm = as_str(algorithm, "algorithm")
         self.max_seqs = None if max_seqs is None else as_int(max_seqs, "max_seqs")
-        self.oversize = as_choice(oversize, "oversize", get_args(OversizePolicy))
-        if not isinstance(key, str):
-            raise InvalidTypeError(f"key must be a string, got {key!r}")
-        self.key = key
+        self.oversize = as_str(oversize, "oversize")
+        self.key = as_str(key, "key")
         if isinstance(token_keys, str):
             raise InvalidTypeError("token_keys must be a sequence of field names, not a string")
         self.token_keys = (key, "labels") if token_keys is None else tuple(token_keys)
         self.length_fn = length_fn
-        if not isinstance(shuffle, (bool, np.bool_)):
-            raise InvalidTypeError(f"shuffle must be a bool, got {shuffle!r}")
-        self.shuffle = bool(shuffle)
+        self.shuffle = as_bool(shuffle, "shuffle")
         self.seed = as_seed(seed)
         self.num_shards = as_int(num_shards, "num_shards")
         self.shard = as_int(shard, "shard")
@@ -321,22 +322,6 @@ class StreamPacker:
             f"StreamPacker(max_tokens={self.max_tokens}, buffer_size={self.buffer_size}, "
             f"shard={self.shard}/{self.num_shards}, yielded_bins={self.yielded_bins})"
         )
-
-
-def __getattr__(name: str) -> Any:
-    """The old home of :class:`tokenbatch.torch.StreamingDataset`: the name still works,
-    with a ``DeprecationWarning``, and imports torch only when used."""
-    if name == "StreamingDataset":
-        warnings.warn(
-            "tokenbatch.stream.StreamingDataset moved to tokenbatch.torch: use "
-            "'from tokenbatch.torch import StreamingDataset'; the old name will be removed",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from tokenbatch.torch.streaming import StreamingDataset
-
-        return StreamingDataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _indexable(source: object) -> bool:

@@ -20,9 +20,10 @@ from tokenbatch._convert import (
     as_lengths,
     as_seed,
     check_same_config,
+    check_state_format,
     replicas_and_rank,
 )
-from tokenbatch.distribute import PLAN_FORMAT, Balance, EpochPlan, Planner, Segment, mix_seed
+from tokenbatch.distribute import DEAL_FORMAT, Balance, Dealer, EpochDeal, Segment, mix_seed
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
@@ -33,9 +34,7 @@ __all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
 #: sequences may be split or truncated (``oversize="split"`` or ``"truncate"``).
 BatchIndices = list[int] | list[Segment]
 
-_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/2"
-#: States written before the plan format was recorded: their plan format.
-_UNVERSIONED_STATES = {"tokenbatch.TokenBudgetBatchSampler/1": 1}
+_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/3"
 _OVERSIZE = ("error", "truncate", "split", "drop")
 
 #: Runs of an epoch on other world sizes before a resized resume: ``(num_replicas, steps)``.
@@ -90,8 +89,8 @@ class _Options:
             seed=mix_seed(self.seed, packing_epoch) if self.repacks_every_epoch else self.seed,
         )
 
-    def planner(self, packing: Packing) -> Planner:
-        return Planner(
+    def planner(self, packing: Packing) -> Dealer:
+        return Dealer(
             packing,
             self.num_replicas,
             seed=self.seed,
@@ -176,7 +175,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     * **Equal steps, nothing lost.** Every rank gets exactly ``len(sampler)`` batches and
       every sequence is used exactly once per epoch across all ranks. When the number of
       bins does not divide by ``num_replicas``, the costliest bins are cut between their
-      sequences until it does (see :func:`tokenbatch.distribute.plan_epoch`); with
+      sequences until it does (see :func:`tokenbatch.distribute.deal_epoch`); with
       ``oversize="split"``, sequences too are cut when that is the only way. Only
       ``drop_last=True`` leaves sequences out (the least-filled remainder bins), and
       :meth:`stats` says how many.
@@ -304,8 +303,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self._cursor = _Cursor()
         # Caches: the epoch-independent work for one packing, the current plan and its
         # optimizer steps. Each is keyed by what it is computed from.
-        self._planner_cache: tuple[int, Planner] | None = None
-        self._plan_cache: tuple[tuple[int, _Runs], EpochPlan] | None = None
+        self._planner_cache: tuple[int, Dealer] | None = None
+        self._plan_cache: tuple[tuple[int, _Runs], EpochDeal] | None = None
         self._offsets_cache: tuple[tuple[int, _Runs], npt.NDArray[np.int64]] | None = None
         #: Real tokens trained on before an epoch, where no closed form gives them.
         self._tokens_before_cache: dict[int, int] = {0: 0}
@@ -327,7 +326,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
 
     # -- planning ---------------------------------------------------------------------
 
-    def _planner(self, epoch: int) -> Planner:
+    def _planner(self, epoch: int) -> Dealer:
         """The planner of the packing ``epoch`` uses (cached: one packing at a time)."""
         packing_epoch = self._options.packing_epoch(epoch)
         if self._planner_cache is None or self._planner_cache[0] != packing_epoch:
@@ -335,17 +334,17 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             self._planner_cache = (packing_epoch, options.planner(options.packing(packing_epoch)))
         return self._planner_cache[1]
 
-    def _plan_at(self, cursor: _Cursor) -> EpochPlan:
+    def _plan_at(self, cursor: _Cursor) -> EpochDeal:
         """The plan of ``cursor``'s epoch: the ordinary one, or what is left of it after
         runs on other world sizes, dealt to this one."""
         if self._plan_cache is not None and self._plan_cache[0] == cursor.plan_key:
             return self._plan_cache[1]
         planner = self._planner(cursor.epoch)
         if cursor.resized:
-            return planner.plan_after(cursor.epoch, cursor.resized)
-        return planner.plan(cursor.epoch)
+            return planner.deal_after(cursor.epoch, cursor.resized)
+        return planner.deal(cursor.epoch)
 
-    def plan(self) -> EpochPlan:
+    def plan(self) -> EpochDeal:
         """The plan of the current epoch (all ranks' batches)."""
         plan = self._plan_at(self._cursor)
         self._plan_cache = (self._cursor.plan_key, plan)
@@ -492,7 +491,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         count divide by ``num_replicas``), ``padding_ratio``, and the per-step max/mean
         imbalance of tokens and of attention cost (``*_imbalance_max``,
         ``*_imbalance_mean``, ``*_sync_overhead``); see
-        :meth:`tokenbatch.distribute.EpochPlan.stats`.
+        :meth:`tokenbatch.distribute.EpochDeal.stats`.
         """
         return self.plan().stats()
 
@@ -516,8 +515,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         enough. It holds ``epoch``, ``step`` (batches of the epoch already consumed per
         rank), the options, a fingerprint of the lengths and options, ``resized``: the
         ``[num_replicas, steps]`` runs of this epoch on other world sizes before a resized
-        resume (empty otherwise), and ``plan_format``, the version of the planning rules
-        (:data:`tokenbatch.distribute.PLAN_FORMAT`): a state is only restored into plans of
+        resume (empty otherwise), and ``deal_format``, the version of the dealing rules
+        (:data:`tokenbatch.distribute.DEAL_FORMAT`): a state is only restored into deals of
         the same format. With a schedule it also holds ``tokens_before_epoch``.
         """
         if consumed_batches is None:
@@ -533,7 +532,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             step = self._iter_start + consumed
         state: dict[str, Any] = {
             "format": _STATE_FORMAT,
-            "plan_format": PLAN_FORMAT,
+            "deal_format": DEAL_FORMAT,
             "epoch": self.epoch,
             "step": step,
             "n_steps": len(self),
@@ -567,7 +566,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         Raises:
             InvalidValueError: the state comes from other lengths or options (a
                 different dataset, seed...; ``num_replicas`` unless ``allow_resize``), was
-                written under another plan format, is malformed, or leaves too few
+                written under another deal format, is malformed, or leaves too few
                 sequences for this many ranks.
         """
         cursor, tokens_before = self._read_state(state, as_bool(allow_resize, "allow_resize"))
@@ -590,18 +589,12 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         consumed before its epoch if it records them."""
         if not isinstance(state, Mapping):
             raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
-        written = state.get("format")
-        plan_format = _UNVERSIONED_STATES.get(written) if isinstance(written, str) else None
-        if plan_format is None:
-            if written != _STATE_FORMAT:
-                raise InvalidValueError(
-                    f"state is not a TokenBudgetBatchSampler state (format={written!r})"
-                )
-            plan_format = state.get("plan_format")
-        if plan_format != PLAN_FORMAT:
+        check_state_format(state.get("format"), _STATE_FORMAT, "TokenBudgetBatchSampler")
+        deal_format = state.get("deal_format")
+        if deal_format != DEAL_FORMAT:
             raise InvalidValueError(
-                f"state was written under plan format {plan_format!r} and this version of "
-                f"tokenbatch plans with format {PLAN_FORMAT}: the batches of an epoch differ "
+                f"state was written under deal format {deal_format!r} and this version of "
+                f"tokenbatch deals with format {DEAL_FORMAT}: the batches of an epoch differ "
                 "between formats, so the position cannot be restored. Resume with the "
                 "tokenbatch version that wrote the state, or start the epoch afresh"
             )

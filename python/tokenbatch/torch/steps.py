@@ -2,7 +2,7 @@
 
 With token budgets, micro-batches hold different numbers of label tokens, so a loss
 averaged per micro-batch weighs tokens unequally across micro-batches and ranks. The
-sampler's plan knows every micro-batch of every rank, so the number of label tokens of a
+sampler's deal knows every micro-batch of every rank, so the number of label tokens of a
 whole optimizer step across all ranks (Hugging Face's ``num_items_in_batch``) is known on
 every rank in advance, without a collective. Dividing each micro-batch's summed token loss
 by it, and undoing DDP's averaging over ranks, gives exactly the gradient of one process
@@ -23,7 +23,7 @@ from tokenbatch._convert import as_int, as_lengths
 from tokenbatch.errors import InvalidValueError
 
 if TYPE_CHECKING:
-    from tokenbatch.distribute import EpochPlan
+    from tokenbatch.distribute import EpochDeal
     from tokenbatch.torch.sampler import TokenBudgetBatchSampler
 
 __all__ = ["OptimizerSteps", "optimizer_steps"]
@@ -45,7 +45,7 @@ class OptimizerSteps:
             ``offsets[s]:offsets[s + 1]`` (the same on every rank).
         label_tokens: int64, one per step: the label tokens (tokens whose next-token
             prediction is trained) of all micro-batches of the step on all ranks.
-        num_replicas: the number of data-parallel ranks of the plan.
+        num_replicas: the number of data-parallel ranks of the deal.
     """
 
     epoch: int
@@ -119,7 +119,7 @@ def optimizer_steps(
             unless ``epoch`` names another one.
         micro_batches_per_step: micro-batches per optimizer step, without a schedule.
         label_counts: label tokens of every sequence, in dataset order.
-        epoch: plan another epoch than the sampler's current one (the sampler is not
+        epoch: count another epoch than the sampler's current one (the sampler is not
             changed).
 
     Raises:
@@ -129,12 +129,12 @@ def optimizer_steps(
     """
     per_step = as_int(micro_batches_per_step, "micro_batches_per_step", minimum=1)
     if epoch is not None and as_int(epoch, "epoch", minimum=0) != sampler.epoch:
-        # A copy planned for ``epoch``: set_epoch on the sampler itself would drop a
+        # A copy dealt for ``epoch``: set_epoch on the sampler itself would drop a
         # position restored by load_state_dict.
         sampler = copy.copy(sampler)
         sampler.set_epoch(epoch)
-    plan = sampler.plan()
-    n_micro = plan.n_steps
+    deal = sampler.plan()
+    n_micro = deal.n_steps
     if sampler.schedule is not None:
         if per_step != 1:
             raise InvalidValueError(
@@ -146,8 +146,8 @@ def optimizer_steps(
     else:
         offsets = np.append(np.arange(0, n_micro, per_step, dtype=np.int64), n_micro)
     offsets = np.array(offsets, dtype=np.int64)
-    bins = _bin_label_tokens(plan, sampler.lengths, label_counts)
-    per_micro_batch = bins[plan.steps].sum(axis=1) if n_micro else np.zeros(0, dtype=np.int64)
+    bins = _bin_label_tokens(deal, sampler.lengths, label_counts)
+    per_micro_batch = bins[deal.steps].sum(axis=1) if n_micro else np.zeros(0, dtype=np.int64)
     label_tokens = _range_sums(per_micro_batch, offsets)
     offsets.flags.writeable = False
     label_tokens.flags.writeable = False
@@ -160,13 +160,13 @@ def optimizer_steps(
 
 
 def _bin_label_tokens(
-    plan: EpochPlan,
+    deal: EpochDeal,
     lengths: _I64,
     label_counts: Sequence[int] | npt.NDArray[np.integer[Any]] | None,
 ) -> _I64:
-    """Label tokens of every bin of ``plan``."""
+    """Label tokens of every bin of ``deal``."""
     if label_counts is None:
-        per_segment = np.maximum(plan.lengths - 1, 0)
+        per_segment = np.maximum(deal.lengths - 1, 0)
     else:
         counts = np.asarray(as_lengths(label_counts, "label_counts"), dtype=np.int64)
         if len(counts) != len(lengths):
@@ -180,14 +180,14 @@ def _bin_label_tokens(
                 f"label_counts[{i}] = {int(counts[i])}, but sequence {i} of {int(lengths[i])} "
                 "tokens has at most length - 1 label tokens (the first token is never predicted)"
             )
-        whole = (plan.starts == 0) & (plan.lengths == lengths[plan.indices])
+        whole = (deal.starts == 0) & (deal.lengths == lengths[deal.indices])
         if not whole.all():
             raise InvalidValueError(
-                "label_counts needs whole sequences, but the plan splits or truncates some "
+                "label_counts needs whole sequences, but the deal splits or truncates some "
                 "(oversize='split' or 'truncate'): count the labels of each segment instead"
             )
-        per_segment = counts[plan.indices]
-    return _range_sums(per_segment.astype(np.int64, copy=False), plan.bin_offsets)
+        per_segment = counts[deal.indices]
+    return _range_sums(per_segment.astype(np.int64, copy=False), deal.bin_offsets)
 
 
 def _range_sums(values: _I64, offsets: _I64) -> _I64:

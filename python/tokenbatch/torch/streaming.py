@@ -17,8 +17,8 @@ from tokenbatch.stream import StreamPacker
 
 __all__ = ["StreamingDataset"]
 
-#: Version 2: the bins of the version 2 stream packer (a count of consumed bins saved
-#: under version 1 would skip other bins).
+#: Follows the stream packer's version: a count of consumed bins names other bins under
+#: another packer.
 _STATE_FORMAT = f"tokenbatch.StreamingDataset/{_core.StreamBuffer.STATE_VERSION}"
 
 

@@ -42,3 +42,22 @@ impl Error {
         Error::Overflow(message.into())
     }
 }
+
+/// `value` as a count of at least `minimum`, refusing smaller values with a message naming
+/// the parameter. Counts from Python arrive signed so that a negative one is reported as
+/// such instead of failing a conversion.
+pub fn at_least(value: i64, minimum: u64, name: &str) -> Result<u64> {
+    match u64::try_from(value) {
+        Ok(count) if count >= minimum => Ok(count),
+        _ => Err(Error::invalid(format!(
+            "{name} must be at least {minimum}, got {value}"
+        ))),
+    }
+}
+
+/// [`at_least`], as a `usize` (an overflow error where it does not fit).
+pub fn at_least_usize(value: i64, minimum: u64, name: &str) -> Result<usize> {
+    let count = at_least(value, minimum, name)?;
+    usize::try_from(count)
+        .map_err(|_| Error::overflow(format!("{name}={count} does not fit in memory")))
+}

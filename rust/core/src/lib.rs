@@ -6,12 +6,12 @@
 
 mod buffers;
 pub mod context_parallel;
+pub mod deal;
 pub mod error;
 pub mod gather;
 pub mod memory;
 pub mod packing;
 pub mod parallel;
-pub mod plan;
 mod prefetch;
 pub mod rng;
 pub mod schedule;

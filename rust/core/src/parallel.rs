@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 
-use crate::error::{Error, Result};
+use crate::error::{at_least_usize, Error, Result};
 
 /// A pool, or why it could not be built, for one process and thread count.
 struct Pool {
@@ -151,13 +151,16 @@ fn default_threads() -> usize {
 }
 
 /// Set the number of threads of later parallel work (`None`: back to the default).
-pub fn set_num_threads(threads: Option<usize>) -> Result<()> {
-    if threads == Some(0) {
-        return Err(Error::invalid(
-            "num_threads must be at least 1 (or None for the default)",
-        ));
-    }
-    REQUESTED_THREADS.store(threads.unwrap_or(0), Ordering::Relaxed);
+pub fn set_num_threads(threads: Option<i64>) -> Result<()> {
+    let threads = match threads {
+        None => 0,
+        Some(n) => at_least_usize(n, 1, "num_threads").map_err(|_| {
+            Error::invalid(format!(
+                "num_threads must be at least 1 (or None for the default), got {n}"
+            ))
+        })?,
+    };
+    REQUESTED_THREADS.store(threads, Ordering::Relaxed);
     Ok(())
 }
 
@@ -243,6 +246,7 @@ mod tests {
         set_num_threads(None).unwrap();
         assert_eq!(num_threads(), default_threads());
         assert!(set_num_threads(Some(0)).is_err());
+        assert!(set_num_threads(Some(-2)).is_err());
     }
 
     static ATTEMPTS: AtomicUsize = AtomicUsize::new(0);

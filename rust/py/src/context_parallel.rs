@@ -4,7 +4,7 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use tokenbatch_core::context_parallel;
 
-use crate::arrays::as_slice;
+use crate::arrays::{as_slice, readonly_vec};
 use crate::error::{guard, IntoPyResult};
 
 /// The part of a packed row that one context-parallel rank processes.
@@ -29,24 +29,18 @@ pub struct PyShard {
 
 #[pymethods]
 impl PyShard {
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        guard("ContextParallelShard.__repr__", || {
-            Ok({
-                format!(
-                    "ContextParallelShard(tokens={}, documents={})",
-                    self.indices.bind(py).len(),
-                    self.cu_seqlens.bind(py).len().saturating_sub(1)
-                )
-            })
-        })
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ContextParallelShard(tokens={}, documents={})",
+            self.indices.bind(py).len(),
+            self.cu_seqlens.bind(py).len().saturating_sub(1)
+        )
     }
 }
 
 /// Hand a vector to numpy without a copy, as a read-only array.
-fn read_only(py: Python<'_>, values: Vec<i64>) -> PyResult<Py<PyArray1<i64>>> {
-    let array = values.into_pyarray(py);
-    array.getattr("flags")?.setattr("writeable", false)?;
-    Ok(array.unbind())
+fn read_only(py: Python<'_>, values: Vec<i64>) -> Py<PyArray1<i64>> {
+    readonly_vec(py, values).unbind()
 }
 
 /// The load-balanced shard of rank `cp_rank` of `cp_size` (see `tokenbatch.context_parallel`).
@@ -64,9 +58,9 @@ fn cp_shard(
             .detach(|| context_parallel::shard(real, padded, cp_size, cp_rank))
             .into_py_result()?;
         Ok(PyShard {
-            indices: read_only(py, shard.indices)?,
-            cu_seqlens: read_only(py, shard.cu_seqlens)?,
-            cu_seqlens_padded: read_only(py, shard.cu_seqlens_padded)?,
+            indices: read_only(py, shard.indices),
+            cu_seqlens: read_only(py, shard.cu_seqlens),
+            cu_seqlens_padded: read_only(py, shard.cu_seqlens_padded),
         })
     })
 }

@@ -2,18 +2,19 @@
 //!
 //! Every function here is a thin shell around `tokenbatch-core`: borrow the numpy input
 //! as a slice, release the GIL while the core works, map its error to the matching
-//! `tokenbatch` exception, hand the result back to numpy without copying. Each body runs
-//! inside [`error::guard`], so a Rust panic becomes `tokenbatch.InternalError`.
+//! `tokenbatch` exception ([`error`]), hand the result back to numpy without copying.
+//! Arguments arrive typed: the Python wrappers read user input (`tokenbatch._convert`)
+//! and the core checks every value. Each call into the core runs inside
+//! [`error::guard`], so a Rust panic becomes `tokenbatch.InternalError`.
 
-mod args;
 mod arrays;
 mod context_parallel;
+mod deal;
 mod error;
 mod gather;
 mod memory;
 mod packing;
 mod parallel;
-mod plan;
 mod schedule;
 mod stream;
 
@@ -22,14 +23,30 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add_function(wrap_pyfunction!(error::_panic_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     context_parallel::register(m)?;
+    deal::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
-    plan::register(m)?;
     schedule::register(m)?;
     stream::register(m)?;
     Ok(())
+}
+
+/// Test hook, not API: panic on purpose inside [`error::guard`], with the GIL held
+/// (`"binding"`), with it released (`"detached"`), or on a worker thread of the parallel
+/// pool (`"worker"`), so the tests see what a real panic at each place becomes.
+#[pyfunction]
+#[allow(clippy::panic)] // the point of the function
+fn _panic_for_test(py: Python<'_>, location: &str) -> PyResult<()> {
+    error::guard("_panic_for_test", || match location {
+        "binding" => panic!("deliberate panic with the GIL held"),
+        "detached" => py.detach(|| panic!("deliberate panic with the GIL released")),
+        "worker" => parallel::detach_parallel(py, || panic!("deliberate panic on a worker thread")),
+        other => Err(error::InvalidValueError::new_err(format!(
+            "location must be 'binding', 'detached' or 'worker', got {other:?}"
+        ))),
+    })
 }

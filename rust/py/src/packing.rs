@@ -5,13 +5,14 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
-use tokenbatch_core::packing::{self, Length, PackOptions, Packing, PolicyCounts};
-use tokenbatch_core::plan::{Bins, PackingKind};
+use tokenbatch_core::packing::{
+    self, Bins, Length, PackOptions, Packing, PackingKind, PolicyCounts,
+};
 
-use crate::args;
-use crate::arrays::{as_slice, readonly_slice, IntArray};
-use crate::error::{guard, IntoPyResult};
+use crate::arrays::{as_slice, readonly_or_zeros, readonly_slice, readonly_zeros, IntArray};
+use crate::error::{guard, IntoPyResult, InvalidTypeError};
 use crate::parallel::detach_parallel;
 
 type Arr<'py> = Bound<'py, PyArray1<i64>>;
@@ -22,21 +23,37 @@ type Arr<'py> = Bound<'py, PyArray1<i64>>;
 /// ``starts[j]`` the token offset inside it (0 unless the sequence was split) and
 /// ``lengths[j]`` the number of tokens. Bins are numbered in the order the algorithm
 /// opened them; inside a bin, segments are listed in input order. All arrays are
-/// read-only int64 numpy views of memory this object owns (no copy is made).
+/// read-only int64 numpy views of memory this object owns (no copy is made); when no
+/// sequence was split, ``starts`` is a ``numpy.zeros`` array made on first use.
 ///
 /// ``bin_tokens[i]`` is bin ``i``'s cost against the budget: its tokens, each segment
 /// rounded up to ``pad_to_multiple_of``; for :func:`batch_padded`, ``count x longest``.
 ///
 /// ``len(packing)`` is the number of bins, ``packing[i]`` the sequence indices of bin ``i``
 /// (a read-only view; negative indices count from the end) and iterating yields them bin
-/// by bin. Made by :func:`pack`, :func:`batch_padded` and :meth:`EpochPlan.rest`; it
+/// by bin. Made by :func:`pack`, :func:`batch_padded` and :meth:`EpochDeal.rest`; it
 /// pickles.
 #[pyclass(module = "tokenbatch._core", name = "Packing", frozen)]
 pub struct PyPacking {
-    pub bins: Arc<Bins>,
+    bins: Arc<Bins>,
+    /// `starts` when no sequence was split, made on first use.
+    zero_starts: PyOnceLock<Py<PyArray1<i64>>>,
 }
 
 impl PyPacking {
+    /// A packing object owning `bins`.
+    pub fn new(bins: Bins) -> Self {
+        Self {
+            bins: Arc::new(bins),
+            zero_starts: PyOnceLock::new(),
+        }
+    }
+
+    /// The bins (shared, never changed).
+    pub fn bins(&self) -> &Arc<Bins> {
+        &self.bins
+    }
+
     fn packing(&self) -> &Packing {
         &self.bins.packing
     }
@@ -44,7 +61,13 @@ impl PyPacking {
     /// Segment range of bin `bin_index` (negative indices count from the end).
     fn bounds(&self, bin_index: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
         let n_bins = self.packing().n_bins() as i64;
-        let position = args::int(bin_index, "bin index", i64::MIN)?;
+        let position: i64 = bin_index.extract().map_err(|_| {
+            let type_name = bin_index
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_string(), |name| name.to_string());
+            InvalidTypeError::new_err(format!("bin index must be an integer, got {type_name}"))
+        })?;
         let resolved = if position < 0 {
             position + n_bins
         } else {
@@ -72,76 +95,70 @@ impl PyPacking {
 impl PyPacking {
     /// ``n_bins + 1`` offsets into the segment arrays.
     #[getter]
-    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("Packing.bin_offsets", || {
-            Ok(Self::view(slf, &slf.get().packing().bin_offsets))
-        })
+    fn bin_offsets<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
+        Self::view(slf, &slf.get().packing().bin_offsets)
     }
 
     /// Input sequence of each segment.
     #[getter]
-    fn indices<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("Packing.indices", || {
-            Ok(Self::view(slf, &slf.get().packing().indices))
-        })
+    fn indices<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
+        Self::view(slf, &slf.get().packing().indices)
     }
 
     /// Token offset of each segment inside its sequence.
     #[getter]
-    fn starts<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("Packing.starts", || {
-            Ok(Self::view(slf, &slf.get().packing().starts))
-        })
+    fn starts<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
+        let this = slf.get();
+        let packing = this.packing();
+        let (starts, n) = (packing.starts.as_deref(), packing.indices.len());
+        // SAFETY: the starts belong to the frozen packing's `Bins`, which never change.
+        unsafe { readonly_or_zeros(slf.as_any(), starts, n, &this.zero_starts) }
     }
 
     /// Tokens of each segment.
     #[getter]
-    fn lengths<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("Packing.lengths", || {
-            Ok(Self::view(slf, &slf.get().packing().lengths))
-        })
+    fn lengths<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
+        Self::view(slf, &slf.get().packing().lengths)
     }
 
     /// Budget cost of each bin (padding included).
     #[getter]
-    fn bin_tokens<'py>(slf: &Bound<'py, Self>) -> PyResult<Arr<'py>> {
-        guard("Packing.bin_tokens", || {
-            Ok(Self::view(slf, &slf.get().packing().bin_tokens))
-        })
+    fn bin_tokens<'py>(slf: &Bound<'py, Self>) -> Arr<'py> {
+        Self::view(slf, &slf.get().packing().bin_tokens)
     }
 
     /// The token budget of one bin.
     #[getter]
-    fn max_tokens(&self) -> PyResult<u64> {
-        guard("Packing.max_tokens", || Ok(self.bins.max_tokens))
+    fn max_tokens(&self) -> u64 {
+        self.bins.max_tokens
     }
 
     /// Number of input sequences.
     #[getter]
-    fn n_seqs(&self) -> PyResult<u64> {
-        guard("Packing.n_seqs", || Ok(self.bins.n_seqs))
+    fn n_seqs(&self) -> u64 {
+        self.bins.n_seqs
     }
 
     /// ``"packed"`` (sequences concatenated) or ``"padded"`` (padded to the longest).
     #[getter]
-    fn kind(&self) -> PyResult<&'static str> {
-        guard("Packing.kind", || Ok(self.bins.kind.name()))
+    fn kind(&self) -> &'static str {
+        self.bins.kind.name()
     }
 
     /// Number of bins.
     #[getter]
-    fn n_bins(&self) -> PyResult<usize> {
-        guard("Packing.n_bins", || Ok(self.packing().n_bins()))
+    fn n_bins(&self) -> usize {
+        self.packing().n_bins()
     }
 
     /// Number of segments (sequences, or pieces of split sequences, that were placed).
     #[getter]
-    fn n_segments(&self) -> PyResult<usize> {
-        guard("Packing.n_segments", || Ok(self.packing().indices.len()))
+    fn n_segments(&self) -> usize {
+        self.packing().indices.len()
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        guard("Packing.__len__", || Ok(self.packing().n_bins()))
+    fn __len__(&self) -> usize {
+        self.packing().n_bins()
     }
 
     /// Sequence indices in bin ``bin_index`` (a read-only view, negative indices allowed).
@@ -149,22 +166,16 @@ impl PyPacking {
         slf: &Bound<'py, Self>,
         bin_index: &Bound<'py, PyAny>,
     ) -> PyResult<Arr<'py>> {
-        guard("Packing.__getitem__", || {
-            let (lo, hi) = slf.get().bounds(bin_index)?;
-            Ok(Self::view(slf, &slf.get().packing().indices[lo..hi]))
-        })
+        let (lo, hi) = slf.get().bounds(bin_index)?;
+        Ok(Self::view(slf, &slf.get().packing().indices[lo..hi]))
     }
 
     /// The sequence indices of every bin in turn (read-only views).
-    fn __iter__(slf: &Bound<'_, Self>) -> PyResult<PackingBins> {
-        guard("Packing.__iter__", || {
-            Ok({
-                PackingBins {
-                    packing: slf.clone().unbind(),
-                    next: 0,
-                }
-            })
-        })
+    fn __iter__(slf: &Bound<'_, Self>) -> PackingBins {
+        PackingBins {
+            packing: slf.clone().unbind(),
+            next: 0,
+        }
     }
 
     /// ``(indices, starts, lengths)`` of the segments in bin ``bin_index``.
@@ -172,40 +183,39 @@ impl PyPacking {
         slf: &Bound<'py, Self>,
         bin_index: &Bound<'py, PyAny>,
     ) -> PyResult<(Arr<'py>, Arr<'py>, Arr<'py>)> {
-        guard("Packing.segments", || {
-            let (lo, hi) = slf.get().bounds(bin_index)?;
-            let packing = slf.get().packing();
-            Ok((
-                Self::view(slf, &packing.indices[lo..hi]),
-                Self::view(slf, &packing.starts[lo..hi]),
-                Self::view(slf, &packing.lengths[lo..hi]),
-            ))
-        })
+        let (lo, hi) = slf.get().bounds(bin_index)?;
+        let packing = slf.get().packing();
+        Ok((
+            Self::view(slf, &packing.indices[lo..hi]),
+            match &packing.starts {
+                Some(starts) => Self::view(slf, &starts[lo..hi]),
+                None => readonly_zeros(slf.py(), hi - lo),
+            },
+            Self::view(slf, &packing.lengths[lo..hi]),
+        ))
     }
 
     /// Real (non-padding) tokens placed in bins.
     #[getter]
-    fn total_tokens(&self) -> PyResult<u64> {
-        guard("Packing.total_tokens", || Ok(self.bins.total_tokens()))
+    fn total_tokens(&self) -> u64 {
+        self.bins.total_tokens()
     }
 
     /// Real tokens / (n_bins x max_tokens); 1.0 for an empty packing.
     #[getter]
-    fn efficiency(&self) -> PyResult<f64> {
-        guard("Packing.efficiency", || {
-            let n_bins = self.packing().n_bins() as u64;
-            if n_bins == 0 {
-                return Ok(1.0);
-            }
-            Ok(self.bins.total_tokens() as f64 / (n_bins as f64 * self.bins.max_tokens as f64))
-        })
+    fn efficiency(&self) -> f64 {
+        let n_bins = self.packing().n_bins() as u64;
+        if n_bins == 0 {
+            return 1.0;
+        }
+        self.bins.total_tokens() as f64 / (n_bins as f64 * self.bins.max_tokens as f64)
     }
 
     /// Fewest bins any packing could use: ceil(total cost / max_tokens), or more when
     /// ``max_seqs`` forces it.
     #[getter]
-    fn lower_bound(&self) -> PyResult<u64> {
-        guard("Packing.lower_bound", || Ok(self.bins.lower_bound))
+    fn lower_bound(&self) -> u64 {
+        self.bins.lower_bound
     }
 
     /// Summary counts.
@@ -215,78 +225,72 @@ impl PyPacking {
     /// ``unused_tokens`` is budget left empty in bins (``n_bins x max_tokens`` minus
     /// costs). ``efficiency`` is ``total_tokens / (n_bins x max_tokens)``.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        guard("Packing.stats", || {
-            let packing = self.packing();
-            let counts = &packing.counts;
-            let total_tokens = i128::from(self.bins.total_tokens());
-            let total_cost: i128 = packing.bin_tokens.iter().map(|&t| i128::from(t)).sum();
-            let budget = packing.n_bins() as i128 * i128::from(self.bins.max_tokens);
-            let stats = PyDict::new(py);
-            stats.set_item("n_seqs", self.bins.n_seqs)?;
-            stats.set_item("n_segments", packing.indices.len())?;
-            stats.set_item("n_bins", packing.n_bins())?;
-            stats.set_item("lower_bound", self.bins.lower_bound)?;
-            stats.set_item("max_tokens", self.bins.max_tokens)?;
-            stats.set_item("input_tokens", counts.input_tokens)?;
-            stats.set_item("total_tokens", total_tokens)?;
-            stats.set_item("padding_tokens", total_cost - total_tokens)?;
-            stats.set_item("unused_tokens", budget - total_cost)?;
-            stats.set_item("efficiency", self.efficiency()?)?;
-            stats.set_item("dropped_seqs", counts.dropped_seqs)?;
-            stats.set_item("dropped_tokens", counts.dropped_tokens)?;
-            stats.set_item("truncated_seqs", counts.truncated_seqs)?;
-            stats.set_item("truncated_tokens", counts.truncated_tokens)?;
-            stats.set_item("split_seqs", counts.split_seqs)?;
-            stats.set_item("split_pieces", counts.split_pieces)?;
-            Ok(stats)
-        })
+        let packing = self.packing();
+        let counts = &packing.counts;
+        let total_tokens = i128::from(self.bins.total_tokens());
+        let total_cost: i128 = packing.bin_tokens.iter().map(|&t| i128::from(t)).sum();
+        let budget = packing.n_bins() as i128 * i128::from(self.bins.max_tokens);
+        let stats = PyDict::new(py);
+        stats.set_item("n_seqs", self.bins.n_seqs)?;
+        stats.set_item("n_segments", packing.indices.len())?;
+        stats.set_item("n_bins", packing.n_bins())?;
+        stats.set_item("lower_bound", self.bins.lower_bound)?;
+        stats.set_item("max_tokens", self.bins.max_tokens)?;
+        stats.set_item("input_tokens", counts.input_tokens)?;
+        stats.set_item("total_tokens", total_tokens)?;
+        stats.set_item("padding_tokens", total_cost - total_tokens)?;
+        stats.set_item("unused_tokens", budget - total_cost)?;
+        stats.set_item("efficiency", self.efficiency())?;
+        stats.set_item("dropped_seqs", counts.dropped_seqs)?;
+        stats.set_item("dropped_tokens", counts.dropped_tokens)?;
+        stats.set_item("truncated_seqs", counts.truncated_seqs)?;
+        stats.set_item("truncated_tokens", counts.truncated_tokens)?;
+        stats.set_item("split_seqs", counts.split_seqs)?;
+        stats.set_item("split_pieces", counts.split_pieces)?;
+        Ok(stats)
     }
 
-    fn __repr__(&self) -> PyResult<String> {
-        guard("Packing.__repr__", || {
-            Ok(format!(
-                "Packing(kind='{}', n_seqs={}, n_bins={}, max_tokens={}, efficiency={:.4})",
-                self.bins.kind.name(),
-                self.bins.n_seqs,
-                self.packing().n_bins(),
-                self.bins.max_tokens,
-                self.efficiency()?
-            ))
-        })
+    fn __repr__(&self) -> String {
+        format!(
+            "Packing(kind='{}', n_seqs={}, n_bins={}, max_tokens={}, efficiency={:.4})",
+            self.bins.kind.name(),
+            self.bins.n_seqs,
+            self.packing().n_bins(),
+            self.bins.max_tokens,
+            self.efficiency()
+        )
     }
 
     /// Pickling: the arrays and counts, rebuilt (and checked) by ``_from_parts``.
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        guard("Packing.__reduce__", || {
-            let py = slf.py();
-            let this = slf.get();
-            let c = &this.packing().counts;
-            let counts = [
-                c.input_tokens,
-                c.dropped_seqs,
-                c.dropped_tokens,
-                c.truncated_seqs,
-                c.truncated_tokens,
-                c.split_seqs,
-                c.split_pieces,
-            ];
-            let parts = (
-                Self::bin_offsets(slf)?,
-                Self::indices(slf)?,
-                Self::starts(slf)?,
-                Self::lengths(slf)?,
-                Self::bin_tokens(slf)?,
-                counts,
-                this.bins.max_tokens,
-                this.bins.n_seqs,
-                this.bins.kind.name(),
-                this.bins.lower_bound,
-            );
-            let rebuild = py.get_type::<Self>().getattr("_from_parts")?;
-            Ok((rebuild, parts.into_pyobject(py)?))
-        })
+        let py = slf.py();
+        let this = slf.get();
+        let c = &this.packing().counts;
+        let counts = [
+            c.input_tokens,
+            c.dropped_seqs,
+            c.dropped_tokens,
+            c.truncated_seqs,
+            c.truncated_tokens,
+            c.split_seqs,
+            c.split_pieces,
+        ];
+        let parts = (
+            Self::bin_offsets(slf),
+            Self::indices(slf),
+            Self::starts(slf),
+            Self::lengths(slf),
+            Self::bin_tokens(slf),
+            counts,
+            this.bins.max_tokens,
+            this.bins.n_seqs,
+            this.bins.kind.name(),
+            this.bins.lower_bound,
+        );
+        let rebuild = py.get_type::<Self>().getattr("_from_parts")?;
+        Ok((rebuild, parts.into_pyobject(py)?))
     }
 
     /// Rebuild a pickled packing (private).
@@ -308,11 +312,11 @@ impl PyPacking {
             let [input_tokens, dropped_seqs, dropped_tokens, truncated_seqs, truncated_tokens, split_seqs, split_pieces] =
                 counts;
             let bin_tokens = as_slice(&bin_tokens)?.to_vec();
-            let bins = Bins {
+            let mut bins = Bins {
                 packing: Packing {
                     bin_offsets: as_slice(&bin_offsets)?.to_vec(),
                     indices: as_slice(&indices)?.to_vec(),
-                    starts: as_slice(&starts)?.to_vec().into(),
+                    starts: Some(as_slice(&starts)?.to_vec()),
                     lengths: as_slice(&lengths)?.to_vec(),
                     segment_cost: bin_tokens.iter().map(|&t| t.max(0) as u64).sum(),
                     bin_tokens,
@@ -332,9 +336,16 @@ impl PyPacking {
                 lower_bound,
             };
             bins.validate().into_py_result()?;
-            Ok(Self {
-                bins: Arc::new(bins),
-            })
+            // All zero: no sequence was split, as `pack` records it.
+            let packing = &mut bins.packing;
+            if packing
+                .starts
+                .as_ref()
+                .is_some_and(|starts| starts.iter().all(|&s| s == 0))
+            {
+                packing.starts = None;
+            }
+            Ok(Self::new(bins))
         })
     }
 }
@@ -348,24 +359,22 @@ pub struct PackingBins {
 
 #[pymethods]
 impl PackingBins {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<PyRef<'_, Self>> {
-        guard("PackingBins.__iter__", || Ok(slf))
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Arr<'py>>> {
-        guard("PackingBins.__next__", || {
-            let packing = self.packing.bind(py);
-            let offsets = &packing.get().packing().bin_offsets;
-            if self.next + 1 >= offsets.len() {
-                return Ok(None);
-            }
-            let (lo, hi) = (offsets[self.next] as usize, offsets[self.next + 1] as usize);
-            self.next += 1;
-            Ok(Some(PyPacking::view(
-                packing,
-                &packing.get().packing().indices[lo..hi],
-            )))
-        })
+    fn __next__<'py>(&mut self, py: Python<'py>) -> Option<Arr<'py>> {
+        let packing = self.packing.bind(py);
+        let offsets = &packing.get().packing().bin_offsets;
+        if self.next + 1 >= offsets.len() {
+            return None;
+        }
+        let (lo, hi) = (offsets[self.next] as usize, offsets[self.next + 1] as usize);
+        self.next += 1;
+        Some(PyPacking::view(
+            packing,
+            &packing.get().packing().indices[lo..hi],
+        ))
     }
 }
 
@@ -397,12 +406,7 @@ fn run<'py>(
         }
     }
     .into_py_result()?;
-    Bound::new(
-        py,
-        PyPacking {
-            bins: Arc::new(bins),
-        },
-    )
+    Bound::new(py, PyPacking::new(bins))
 }
 
 /// Pack lengths into token budgets (see `tokenbatch.pack`).

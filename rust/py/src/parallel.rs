@@ -42,23 +42,14 @@ fn warn_serial(py: Python<'_>, reason: &str) {
 #[pyo3(signature = (threads))]
 fn set_num_threads(threads: Option<i64>) -> PyResult<()> {
     guard("set_num_threads", || {
-        let threads = match threads {
-            None => None,
-            Some(n) if n < 1 => {
-                return Err(crate::error::to_py_err(tokenbatch_core::Error::invalid(
-                    format!("num_threads must be at least 1 (or None for the default), got {n}"),
-                )))
-            }
-            Some(n) => Some(n as usize),
-        };
         parallel::set_num_threads(threads).into_py_result()
     })
 }
 
 /// The number of threads parallel work uses.
 #[pyfunction]
-fn get_num_threads() -> PyResult<usize> {
-    guard("get_num_threads", || Ok(parallel::num_threads()))
+fn get_num_threads() -> usize {
+    parallel::num_threads()
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

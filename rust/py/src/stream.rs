@@ -125,26 +125,20 @@ impl PyStreamBuffer {
 
     /// The next stream position this shard reads.
     #[getter]
-    fn next_position(&self) -> PyResult<u64> {
-        guard("StreamBuffer.next_position", || {
-            Ok(self.inner.next_position())
-        })
+    fn next_position(&self) -> u64 {
+        self.inner.next_position()
     }
 
     /// Items left out so far.
     #[getter]
-    fn dropped_seqs(&self) -> PyResult<u64> {
-        guard("StreamBuffer.dropped_seqs", || {
-            Ok(self.inner.dropped_seqs())
-        })
+    fn dropped_seqs(&self) -> u64 {
+        self.inner.dropped_seqs()
     }
 
     /// Bins taken so far.
     #[getter]
-    fn yielded_bins(&self) -> PyResult<u64> {
-        guard("StreamBuffer.yielded_bins", || {
-            Ok(self.inner.yielded_bins())
-        })
+    fn yielded_bins(&self) -> u64 {
+        self.inner.yielded_bins()
     }
 
     /// The state as a dict of plain values (`next_position`, `round`, `yielded_bins`,

@@ -182,7 +182,7 @@ pub fn first_fit(costs: impl Iterator<Item = u64>, n: usize, options: &PackOptio
     }
     Assignment {
         bin_of,
-        bins: index.totals(options.max_tokens),
+        bins: first_fit_totals(&index, options.max_tokens),
     }
 }
 
@@ -207,7 +207,19 @@ pub fn first_fit_runs(runs: &[(u64, u32)], n: usize, options: &PackOptions) -> A
     }
     Assignment {
         bin_of,
-        bins: index.totals(options.max_tokens),
+        bins: first_fit_totals(&index, options.max_tokens),
+    }
+}
+
+/// Segments and cost of every bin `index` opened, bins of `capacity`.
+fn first_fit_totals(index: &FirstFitIndex, capacity: u64) -> BinTotals {
+    BinTotals {
+        sizes: index.counts().iter().map(|&count| count as u32).collect(),
+        costs: index
+            .remaining()
+            .iter()
+            .map(|&left| capacity - left)
+            .collect(),
     }
 }
 

@@ -14,8 +14,6 @@
 
 use std::collections::BTreeMap;
 
-use super::assign::BinTotals;
-
 /// Budgets above this always use the ordered map (the dense index would need 400 MB).
 const BUCKET_INDEX_MAX_CAPACITY: u64 = 1 << 24;
 
@@ -378,12 +376,14 @@ impl FirstFitIndex {
         self.update(bin, still_open.then_some(remaining));
     }
 
-    /// Segments and cost of every bin opened, bins of `capacity`.
-    pub fn totals(&self, capacity: u64) -> BinTotals {
-        BinTotals {
-            sizes: self.counts.iter().map(|&count| count as u32).collect(),
-            costs: self.remaining.iter().map(|&left| capacity - left).collect(),
-        }
+    /// Segments in every bin opened, by bin.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    /// Remaining capacity of every bin opened, by bin.
+    pub fn remaining(&self) -> &[u64] {
+        &self.remaining
     }
 
     /// The lowest-numbered open bin with at least `need` remaining, and its remaining capacity.

@@ -15,7 +15,7 @@ use super::assign::BinTotals;
 use super::options::PackOptions;
 use super::order::SegmentBins;
 use super::segments::Segments;
-use super::{Packing, Starts};
+use super::Packing;
 use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
@@ -53,11 +53,7 @@ pub fn build(
     Packing {
         bin_offsets,
         indices,
-        starts: if segments.starts.is_some() {
-            starts.into()
-        } else {
-            Starts::zeros(n)
-        },
+        starts: segments.starts.is_some().then_some(starts),
         lengths,
         bin_tokens,
         counts: segments.counts.clone(),

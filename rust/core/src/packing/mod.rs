@@ -9,6 +9,7 @@
 //! bin's `max_seqs` slots, so every input index still appears exactly once.
 
 mod assign;
+mod bins;
 mod capacity_index;
 mod layout;
 mod options;
@@ -16,6 +17,7 @@ mod order;
 mod segments;
 pub mod stream;
 
+pub use bins::{Bins, PackingKind};
 pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
 pub use segments::{pieces, Length, PolicyCounts};
 
@@ -31,8 +33,9 @@ pub struct Packing {
     pub bin_offsets: Vec<i64>,
     /// Input sequence of each segment.
     pub indices: Vec<i64>,
-    /// Token offset of each segment inside its sequence (0 unless split).
-    pub starts: Starts,
+    /// Token offset of each segment inside its sequence; `None` when no sequence was split
+    /// (every offset is 0).
+    pub starts: Option<Vec<i64>>,
     /// Tokens of each segment.
     pub lengths: Vec<i64>,
     /// Budget cost of each bin: tokens rounded up to the multiple, or `count x longest`
@@ -44,59 +47,15 @@ pub struct Packing {
     pub segment_cost: u64,
 }
 
-/// The token offsets of the segments of a packing: their own array when some sequence was
-/// split, else shared read-only zeros (no memory to clear or hold per packing). Reads as
-/// a slice either way.
-#[derive(Clone)]
-pub enum Starts {
-    /// Offsets written by the packing.
-    Owned(Vec<i64>),
-    /// All zero.
-    Zeros(&'static [i64]),
-}
-
-impl Starts {
-    /// `n` zero offsets.
-    pub fn zeros(n: usize) -> Self {
-        crate::buffers::shared_zeros(n).map_or_else(|| Self::Owned(vec![0; n]), Self::Zeros)
-    }
-}
-
-impl From<Vec<i64>> for Starts {
-    fn from(starts: Vec<i64>) -> Self {
-        Self::Owned(starts)
-    }
-}
-
-impl std::ops::Deref for Starts {
-    type Target = [i64];
-
-    fn deref(&self) -> &[i64] {
-        match self {
-            Self::Owned(starts) => starts,
-            Self::Zeros(zeros) => zeros,
-        }
-    }
-}
-
-impl PartialEq for Starts {
-    fn eq(&self, other: &Self) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for Starts {}
-
-impl std::fmt::Debug for Starts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        (**self).fmt(f)
-    }
-}
-
 impl Packing {
     /// Number of bins.
     pub fn n_bins(&self) -> usize {
         self.bin_offsets.len().saturating_sub(1)
+    }
+
+    /// Token offset of segment `j` inside its sequence.
+    pub fn start(&self, j: usize) -> i64 {
+        self.starts.as_ref().map_or(0, |starts| starts[j])
     }
 
     /// Fewest bins any packing could use: every bin holds at most `max_tokens` of cost and
@@ -143,6 +102,9 @@ pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<P
 /// layout's zeroed outputs, page faults included. With one thread, or outputs too small
 /// for their page faults to matter, the outputs are made after and mapped as the layout
 /// writes them.
+///
+/// Kept because it pays: the first `pack` of 1M sequences in a fresh process takes 13-16%
+/// less wall time than with the outputs made after (benches/RESULTS.md, first call).
 fn with_outputs<A: Send>(
     segments: &Segments,
     assign: impl FnOnce() -> A + Send,

@@ -45,7 +45,7 @@ fn check_invariants(input: &[i64], packing: &Packing, opts: &PackOptions) {
     // Token coverage: per sequence, the segments tile a prefix of it exactly once.
     let mut covered: Vec<Vec<(i64, i64)>> = vec![Vec::new(); input.len()];
     for s in 0..packing.indices.len() {
-        covered[packing.indices[s] as usize].push((packing.starts[s], packing.lengths[s]));
+        covered[packing.indices[s] as usize].push((packing.start(s), packing.lengths[s]));
     }
     let capacity = opts.capacity() as i64;
     for (i, pieces) in covered.iter_mut().enumerate() {

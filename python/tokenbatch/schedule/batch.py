@@ -1,17 +1,8 @@
-"""Batch-size schedules, token arithmetic and learning rates keyed to tokens.
-
-State the batch in tokens and let everything else follow: sequences per step, gradient
-accumulation, optimizer steps for a token budget, batch-size ramps during training
-(Megatron-LM's ``--rampup-batch-size``, DeepSeek-V3's and GPT-3's linear ramps, Llama 3's
-doublings, Megatron-LM's ``--step-batch-size-schedule``) and learning-rate schedules
-defined in tokens, so they stay right when the batch size changes. The per-step
-arithmetic runs in the Rust core; :mod:`tokenbatch.megatron` reads and writes Megatron-LM's
-launcher arguments.
-"""
+"""Batch-size schedules: a global batch as a function of consumed tokens (or samples),
+tabulated per optimizer step by the Rust core, and the published ones by name."""
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
@@ -22,151 +13,27 @@ import numpy.typing as npt
 from tokenbatch import _core
 from tokenbatch._convert import as_int, as_lengths
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
+from tokenbatch.schedule.tokens import INT64_MAX
 
 __all__ = [
     "PRESETS",
-    "BatchScaledLR",
     "BatchSchedule",
-    "ConstantLR",
-    "CosineLR",
-    "LRSchedule",
     "LinearRamp",
     "MegatronRampup",
     "MegatronStepSchedule",
     "Piecewise",
-    "WarmupStableDecayLR",
     "deepseek_v3_ramp",
     "gpt3_ramp",
-    "grad_accum_steps",
     "group_into_steps",
     "llama3_405b_schedule",
-    "rescale_lr",
-    "sequences_per_step",
     "steps_for_tokens",
-    "tokens_for_steps",
-    "tokens_per_step",
 ]
 
 Unit = Literal["tokens", "sequences"]
 RampBy = Literal["tokens", "steps"]
 IntArrayLike = Sequence[int] | npt.NDArray[np.integer[Any]]
-FloatArrayLike = Sequence[float] | npt.NDArray[np.floating[Any]] | npt.NDArray[np.integer[Any]]
 
 _I64 = npt.NDArray[np.int64]
-_F64 = npt.NDArray[np.float64]
-_INT64_MAX = int(np.iinfo(np.int64).max)
-
-
-# ---------------------------------------------------------------------------------------
-# Token arithmetic
-# ---------------------------------------------------------------------------------------
-
-
-def tokens_per_step(batch_sequences: int, seq_len: int) -> int:
-    """Tokens in a global batch of ``batch_sequences`` sequences of ``seq_len`` tokens."""
-    sequences = as_int(batch_sequences, "batch_sequences", minimum=1)
-    length = as_int(seq_len, "seq_len", minimum=1)
-    return _fits_int64(sequences * length, "batch_sequences x seq_len")
-
-
-def sequences_per_step(batch_tokens: int, seq_len: int) -> int:
-    """Sequences of ``seq_len`` tokens in a global batch of ``batch_tokens`` tokens.
-
-    Raises :class:`~tokenbatch.errors.InvalidValueError` (with the nearest valid batch
-    sizes) when ``batch_tokens`` is not a whole number of sequences.
-    """
-    tokens = as_int(batch_tokens, "batch_tokens", minimum=1)
-    length = as_int(seq_len, "seq_len", minimum=1)
-    if tokens % length:
-        raise InvalidValueError(
-            f"batch_tokens={tokens:,} is not a whole number of sequences of seq_len={length:,}; "
-            f"nearest valid batch_tokens: {_nearest_multiples(tokens, length)}"
-        )
-    return tokens // length
-
-
-def grad_accum_steps(global_batch_tokens: int, micro_batch_tokens: int, dp: int) -> int:
-    """Micro-batches each data-parallel rank accumulates per optimizer step.
-
-    ``global_batch_tokens = grad_accum_steps x micro_batch_tokens x dp`` must hold exactly.
-    When it does not, the error names the nearest valid global batch sizes and, where
-    they exist, the nearest micro-batch sizes and data-parallel sizes that divide.
-
-    >>> grad_accum_steps(4 * 2**20, 8192, 64)
-    8
-    """
-    total = as_int(global_batch_tokens, "global_batch_tokens", minimum=1)
-    micro = as_int(micro_batch_tokens, "micro_batch_tokens", minimum=1)
-    ranks = as_int(dp, "dp", minimum=1)
-    round_tokens = micro * ranks
-    if total % round_tokens == 0:
-        return total // round_tokens
-    hints = [f"global_batch_tokens: {_nearest_multiples(total, round_tokens)}"]
-    if total % ranks == 0:
-        near = _nearest_divisors(total // ranks, micro)
-        if near:
-            hints.append(f"micro_batch_tokens: {near}")
-    if total % micro == 0:
-        near = _nearest_divisors(total // micro, ranks)
-        if near:
-            hints.append(f"dp: {near}")
-    raise InvalidValueError(
-        f"global_batch_tokens={total:,} is not a multiple of micro_batch_tokens x dp = "
-        f"{micro:,} x {ranks} = {round_tokens:,}; nearest valid " + "; ".join(hints)
-    )
-
-
-def steps_for_tokens(total_tokens: int, batch: int | BatchSchedule) -> int:
-    """Optimizer steps that consume at most ``total_tokens`` tokens.
-
-    ``batch`` is a constant global batch in tokens, or a :class:`BatchSchedule` (steps are
-    then counted as :meth:`BatchSchedule.table` counts them). A partial last batch is not
-    a step, as in Megatron-LM: round ``total_tokens`` up to a batch multiple to include it.
-    """
-    if isinstance(batch, BatchSchedule):
-        return batch.num_steps(total_tokens)
-    total = as_int(total_tokens, "total_tokens", minimum=0)
-    tokens = as_int(batch, "batch", minimum=1)
-    return total // tokens
-
-
-def tokens_for_steps(steps: int, batch_tokens: int) -> int:
-    """Tokens consumed by ``steps`` optimizer steps of ``batch_tokens`` tokens."""
-    count = as_int(steps, "steps", minimum=0)
-    tokens = as_int(batch_tokens, "batch_tokens", minimum=1)
-    return _fits_int64(count * tokens, "steps x batch_tokens")
-
-
-def _fits_int64(value: int, what: str) -> int:
-    if value > _INT64_MAX:
-        raise TokenBatchOverflowError(f"{what} = {value} does not fit in a signed 64-bit integer")
-    return value
-
-
-def _nearest_multiples(value: int, step: int) -> str:
-    below = value // step * step
-    if below == 0:
-        return f"{step:,}"
-    return f"{below:,} or {below + step:,}"
-
-
-def _nearest_divisors(n: int, around: int) -> str:
-    """The divisors of ``n`` closest to ``around`` (below and above), or '' if too costly."""
-    if n > 10**14:
-        return ""
-    candidates = np.arange(1, math.isqrt(n) + 1, dtype=np.int64)
-    small = candidates[n % candidates == 0]
-    divisors = np.unique(np.concatenate([small, n // small]))
-    below = divisors[divisors < around]
-    above = divisors[divisors > around]
-    picks = [f"{int(below[-1]):,}"] if below.size else []
-    picks += [f"{int(above[0]):,}"] if above.size else []
-    return " or ".join(picks)
-
-
-# ---------------------------------------------------------------------------------------
-# Batch-size schedules
-# ---------------------------------------------------------------------------------------
 
 
 def _as_consumed(values: Any, name: str) -> tuple[_I64, tuple[int, ...] | None]:
@@ -248,7 +115,7 @@ class BatchSchedule(ABC):
             unit_tokens = self.seq_len
         at = flat // unit_tokens if self.key == "samples" else flat
         batches = self._raw.batch_at(np.ascontiguousarray(at))
-        if batches.size and int(batches.max()) > _INT64_MAX // unit_tokens:
+        if batches.size and int(batches.max()) > INT64_MAX // unit_tokens:
             raise TokenBatchOverflowError("a batch in tokens does not fit in 64 bits")
         in_tokens = batches * unit_tokens if self.unit == "sequences" else batches
         if shape is None:
@@ -581,228 +448,15 @@ PRESETS: dict[str, Callable[[], BatchSchedule]] = {
 """Published schedules by name (functions returning a fresh schedule)."""
 
 
-# ---------------------------------------------------------------------------------------
-# Learning rate keyed to tokens
-# ---------------------------------------------------------------------------------------
+def steps_for_tokens(total_tokens: int, batch: int | BatchSchedule) -> int:
+    """Optimizer steps that consume at most ``total_tokens`` tokens.
 
-
-def _as_tokens_float(values: Any, name: str) -> tuple[_F64, bool]:
-    array = np.asarray(values)
-    if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
-        raise InvalidTypeError(f"{name} must be numbers, got dtype {array.dtype}")
-    result = array.astype(np.float64)
-    if np.any(~np.isfinite(result)) or np.any(result < 0):
-        raise InvalidValueError(f"{name} must be finite and >= 0")
-    return result, array.ndim == 0
-
-
-def _as_rate(value: object, name: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidTypeError(f"{name} must be a number, got {value!r}")
-    rate = float(value)
-    if not math.isfinite(rate) or rate < 0 or (rate == 0 and not allow_zero):
-        raise InvalidValueError(f"{name} must be a finite positive number, got {value!r}")
-    return rate
-
-
-class LRSchedule(ABC):
-    """A learning rate as a function of consumed tokens.
-
-    Defining the schedule in tokens keeps warmup and decay where they belong when the
-    batch size changes (a ramp, a resumed run on more GPUs): evaluate it at the
-    ``consumed_tokens`` of each step (e.g. the column of :meth:`BatchSchedule.table`).
+    ``batch`` is a constant global batch in tokens, or a :class:`BatchSchedule` (steps are
+    then counted as :meth:`BatchSchedule.table` counts them). A partial last batch is not
+    a step, as in Megatron-LM: round ``total_tokens`` up to a batch multiple to include it.
     """
-
-    @abstractmethod
-    def _lr(self, tokens: _F64) -> _F64: ...
-
-    @overload
-    def lr_at(self, tokens: int | float) -> float: ...
-    @overload
-    def lr_at(self, tokens: FloatArrayLike) -> _F64: ...
-    def lr_at(self, tokens: int | float | FloatArrayLike) -> float | _F64:
-        """Learning rate after ``tokens`` consumed tokens (scalar or array)."""
-        array, scalar = _as_tokens_float(tokens, "tokens")
-        rates = self._lr(np.atleast_1d(array)).reshape(array.shape)
-        return float(rates) if scalar else rates
-
-
-def _warmup_factor(tokens: _F64, warmup: float) -> _F64:
-    if warmup <= 0:
-        return np.ones_like(tokens)
-    return np.minimum(tokens / warmup, 1.0)
-
-
-class ConstantLR(LRSchedule):
-    """``lr`` after a linear warmup from 0 over ``warmup_tokens``."""
-
-    def __init__(self, lr: float, *, warmup_tokens: int = 0) -> None:
-        self.lr = _as_rate(lr, "lr")
-        self.warmup_tokens = as_int(warmup_tokens, "warmup_tokens", minimum=0)
-
-    def _lr(self, tokens: _F64) -> _F64:
-        return self.lr * _warmup_factor(tokens, self.warmup_tokens)
-
-
-class CosineLR(LRSchedule):
-    """Linear warmup to ``peak_lr``, cosine decay to ``min_lr`` at ``total_tokens``."""
-
-    def __init__(
-        self,
-        peak_lr: float,
-        total_tokens: int,
-        *,
-        warmup_tokens: int = 0,
-        min_lr: float = 0.0,
-    ) -> None:
-        self.peak_lr = _as_rate(peak_lr, "peak_lr")
-        self.min_lr = _as_rate(min_lr, "min_lr", allow_zero=True)
-        self.total_tokens = as_int(total_tokens, "total_tokens", minimum=1)
-        self.warmup_tokens = as_int(warmup_tokens, "warmup_tokens", minimum=0)
-        if self.warmup_tokens >= self.total_tokens:
-            raise InvalidValueError(
-                f"warmup_tokens={self.warmup_tokens:,} must be below "
-                f"total_tokens={self.total_tokens:,}"
-            )
-        if self.min_lr > self.peak_lr:
-            raise InvalidValueError(f"min_lr={min_lr} is above peak_lr={peak_lr}")
-
-    def _lr(self, tokens: _F64) -> _F64:
-        span = self.total_tokens - self.warmup_tokens
-        progress = np.clip((tokens - self.warmup_tokens) / span, 0.0, 1.0)
-        cosine = self.min_lr + 0.5 * (self.peak_lr - self.min_lr) * (1 + np.cos(np.pi * progress))
-        warm = self.peak_lr * _warmup_factor(tokens, self.warmup_tokens)
-        result: _F64 = np.where(tokens < self.warmup_tokens, warm, cosine)
-        return result
-
-
-class WarmupStableDecayLR(LRSchedule):
-    """Warmup-stable-decay (WSD): warmup to ``peak_lr``, hold, decay over the last tokens.
-
-    The decay covers the last ``decay_tokens`` of ``total_tokens`` (default: the last
-    20%), to ``min_lr``, with shape ``"linear"``, ``"cosine"`` or ``"sqrt"``
-    (``1 - sqrt(progress)``).
-    """
-
-    def __init__(
-        self,
-        peak_lr: float,
-        total_tokens: int,
-        *,
-        warmup_tokens: int = 0,
-        decay_tokens: int | None = None,
-        min_lr: float = 0.0,
-        decay_shape: Literal["linear", "cosine", "sqrt"] = "linear",
-    ) -> None:
-        self.peak_lr = _as_rate(peak_lr, "peak_lr")
-        self.min_lr = _as_rate(min_lr, "min_lr", allow_zero=True)
-        self.total_tokens = as_int(total_tokens, "total_tokens", minimum=1)
-        self.warmup_tokens = as_int(warmup_tokens, "warmup_tokens", minimum=0)
-        default_decay = self.total_tokens // 5
-        self.decay_tokens = as_int(
-            default_decay if decay_tokens is None else decay_tokens, "decay_tokens", minimum=0
-        )
-        if self.warmup_tokens + self.decay_tokens > self.total_tokens:
-            raise InvalidValueError(
-                f"warmup_tokens + decay_tokens = {self.warmup_tokens + self.decay_tokens:,} "
-                f"exceeds total_tokens={self.total_tokens:,}"
-            )
-        if self.min_lr > self.peak_lr:
-            raise InvalidValueError(f"min_lr={min_lr} is above peak_lr={peak_lr}")
-        if decay_shape not in ("linear", "cosine", "sqrt"):
-            raise InvalidValueError(
-                f"decay_shape must be 'linear', 'cosine' or 'sqrt', got {decay_shape!r}"
-            )
-        self.decay_shape = decay_shape
-
-    def _lr(self, tokens: _F64) -> _F64:
-        decay_start = self.total_tokens - self.decay_tokens
-        if self.decay_tokens > 0:
-            progress = np.clip((tokens - decay_start) / self.decay_tokens, 0.0, 1.0)
-        else:
-            progress = (tokens >= self.total_tokens).astype(np.float64)
-        if self.decay_shape == "linear":
-            remaining = 1.0 - progress
-        elif self.decay_shape == "cosine":
-            remaining = 0.5 * (1.0 + np.cos(np.pi * progress))
-        else:
-            remaining = 1.0 - np.sqrt(progress)
-        decayed = self.min_lr + (self.peak_lr - self.min_lr) * remaining
-        warm = self.peak_lr * _warmup_factor(tokens, self.warmup_tokens)
-        result: _F64 = np.where(tokens < self.warmup_tokens, warm, decayed)
-        return result
-
-
-@overload
-def rescale_lr(
-    lr: float, from_batch: float, to_batch: float, rule: Literal["sqrt", "linear"] = ...
-) -> float: ...
-@overload
-def rescale_lr(
-    lr: float, from_batch: float, to_batch: FloatArrayLike, rule: Literal["sqrt", "linear"] = ...
-) -> _F64: ...
-def rescale_lr(
-    lr: float,
-    from_batch: float,
-    to_batch: float | FloatArrayLike,
-    rule: Literal["sqrt", "linear"] = "sqrt",
-) -> float | _F64:
-    """Learning rate for a batch of ``to_batch`` given one tuned at ``from_batch``.
-
-    ``rule="sqrt"`` scales by ``sqrt(to_batch / from_batch)`` (Adam-type optimizers);
-    ``rule="linear"`` by ``to_batch / from_batch`` (SGD). Batches in any one unit;
-    ``to_batch`` may be an array (e.g. a table's ``batch_tokens``).
-    """
-    base = _as_rate(lr, "lr")
-    reference = _as_rate(from_batch, "from_batch")
-    target, scalar = _as_tokens_float(to_batch, "to_batch")
-    if np.any(target <= 0):
-        raise InvalidValueError("to_batch must be > 0")
-    if rule == "sqrt":
-        factor = np.sqrt(target / reference)
-    elif rule == "linear":
-        factor = target / reference
-    else:
-        raise InvalidValueError(f"rule must be 'sqrt' or 'linear', got {rule!r}")
-    result = base * factor
-    return float(result) if scalar else np.asarray(result, dtype=np.float64)
-
-
-class BatchScaledLR(LRSchedule):
-    """A learning-rate schedule rescaled to the batch a batch schedule gives.
-
-    ``lr_at(tokens) = base.lr_at(tokens) x rule(batch_tokens_at(tokens) / reference)``,
-    where ``base`` was tuned at a batch of ``reference_batch_tokens`` tokens: during a
-    ramp the smaller batches get the smaller learning rate the rule asks for.
-    """
-
-    def __init__(
-        self,
-        base: LRSchedule,
-        schedule: BatchSchedule,
-        reference_batch_tokens: int,
-        *,
-        rule: Literal["sqrt", "linear"] = "sqrt",
-    ) -> None:
-        if not isinstance(base, LRSchedule):
-            raise InvalidTypeError(f"base must be an LRSchedule, got {type(base).__name__}")
-        if not isinstance(schedule, BatchSchedule):
-            raise InvalidTypeError(
-                f"schedule must be a BatchSchedule, got {type(schedule).__name__}"
-            )
-        if rule not in ("sqrt", "linear"):
-            raise InvalidValueError(f"rule must be 'sqrt' or 'linear', got {rule!r}")
-        self.base = base
-        self.schedule = schedule
-        self.reference_batch_tokens = as_int(
-            reference_batch_tokens, "reference_batch_tokens", minimum=1
-        )
-        self.rule: Literal["sqrt", "linear"] = rule
-
-    def _lr(self, tokens: _F64) -> _F64:
-        whole = np.floor(tokens).astype(np.int64)
-        batches = self.schedule.batch_tokens_at(whole).astype(np.float64)
-        ratio = batches / self.reference_batch_tokens
-        factor = np.sqrt(ratio) if self.rule == "sqrt" else ratio
-        result: _F64 = self.base._lr(tokens) * factor
-        return result
+    if isinstance(batch, BatchSchedule):
+        return batch.num_steps(total_tokens)
+    total = as_int(total_tokens, "total_tokens", minimum=0)
+    tokens = as_int(batch, "batch", minimum=1)
+    return total // tokens

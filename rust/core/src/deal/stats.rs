@@ -1,7 +1,7 @@
-//! Counts and balance of an epoch plan.
+//! Counts and balance of an epoch deal.
 
 use super::costs::CostKind;
-use super::EpochPlan;
+use super::EpochDeal;
 
 /// How evenly the ranks of each step are loaded, by one cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,9 +17,9 @@ pub struct Imbalance {
     pub sync_overhead: f64,
 }
 
-/// Counts and balance of an epoch plan.
+/// Counts and balance of an epoch deal.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PlanStats {
+pub struct DealStats {
     pub epoch: u64,
     pub num_replicas: u64,
     pub n_steps: u64,
@@ -47,21 +47,21 @@ pub struct PlanStats {
     pub imbalance: Vec<Imbalance>,
 }
 
-pub fn stats(plan: &EpochPlan) -> PlanStats {
-    let layout = plan.layout();
-    let source = layout.source();
-    let report = layout.report();
-    let costs = layout.costs();
-    let offsets = layout.bin_offsets();
+pub fn stats(deal: &EpochDeal) -> DealStats {
+    let deck = deal.deck();
+    let source = deck.source();
+    let report = deck.report();
+    let costs = deck.costs();
+    let offsets = deck.bin_offsets();
     let (mut real, mut processed, mut segments) = (0u64, 0u64, 0u64);
-    for &bin in plan.steps() {
+    for &bin in deal.steps() {
         let bin = bin as usize;
         real += costs[bin].real;
         processed += costs[bin].tokens;
         segments += (offsets[bin + 1] - offsets[bin]) as u64;
     }
-    let n_bins = plan.steps().len() as u64;
-    let per_attention = layout.options().flops_per_attention();
+    let n_bins = deal.steps().len() as u64;
+    let per_attention = deck.options().flops_per_attention();
     let mut kinds = vec![CostKind::Tokens, CostKind::Attention];
     if per_attention.is_some() {
         kinds.push(CostKind::Flops);
@@ -69,18 +69,18 @@ pub fn stats(plan: &EpochPlan) -> PlanStats {
     let imbalance = kinds
         .into_iter()
         .map(|kind| {
-            let table: Vec<f64> = plan
+            let table: Vec<f64> = deal
                 .steps()
                 .iter()
                 .map(|&b| costs[b as usize].of(kind, per_attention))
                 .collect();
-            imbalance(kind, &table, plan.num_replicas())
+            imbalance(kind, &table, deal.num_replicas())
         })
         .collect();
-    PlanStats {
-        epoch: plan.epoch(),
-        num_replicas: plan.num_replicas() as u64,
-        n_steps: plan.n_steps() as u64,
+    DealStats {
+        epoch: deal.epoch(),
+        num_replicas: deal.num_replicas() as u64,
+        n_steps: deal.n_steps() as u64,
         n_bins,
         n_seqs: source.n_seqs,
         n_segments: segments,

@@ -11,9 +11,10 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 
 use super::costs::{bin_costs, BinCost, CostKind};
-use super::{Bins, PlanOptions};
+use super::DealOptions;
 use crate::error::{Error, Result};
-use crate::packing::pieces;
+use crate::packing::Bins;
+use crate::packing::{pieces, Packing};
 
 /// Segment arrays of a packing whose sequences were cut further.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +50,7 @@ pub struct Divided {
 }
 
 /// Drop, or cut segments and bins, until the bin count divides by `num_replicas`.
-pub fn divide(bins: &Bins, options: &PlanOptions) -> Result<Divided> {
+pub fn divide(bins: &Bins, options: &DealOptions) -> Result<Divided> {
     let packing = &bins.packing;
     let multiple = options.pad_to_multiple_of;
     let costs = bin_costs(&packing.bin_offsets, &packing.lengths, bins.kind, multiple);
@@ -81,13 +82,7 @@ pub fn divide(bins: &Bins, options: &PlanOptions) -> Result<Divided> {
     let capacity = cut_capacity(&divided.bin_offsets);
     if options.split_sequences && capacity < needed as u64 {
         let shortfall = needed as u64 - capacity;
-        if let Some((arrays, offsets, n_cut)) = cut_sequences(
-            &packing.indices,
-            &packing.starts,
-            &packing.lengths,
-            &packing.bin_offsets,
-            shortfall,
-        ) {
+        if let Some((arrays, offsets, n_cut)) = cut_sequences(packing, shortfall) {
             divided.bin_offsets = offsets;
             divided.cut = Some(arrays);
             divided.report.split_seqs = n_cut;
@@ -161,13 +156,8 @@ fn top<T: Copy>(mut items: Vec<T>, count: usize, order: impl Fn(&T, &T) -> Order
 /// segment), which is then cut into one piece more, as evenly as the splitter allows.
 /// Returns the new segments, the bin offsets into them and the number of segments cut, or
 /// `None` when all segments together have fewer than `shortfall` tokens to spare.
-fn cut_sequences(
-    indices: &[i64],
-    starts: &[i64],
-    lengths: &[i64],
-    offsets: &[i64],
-    shortfall: u64,
-) -> Option<(SegmentArrays, Vec<i64>, u64)> {
+fn cut_sequences(packing: &Packing, shortfall: u64) -> Option<(SegmentArrays, Vec<i64>, u64)> {
+    let (indices, lengths) = (&packing.indices, &packing.lengths);
     let spare: u64 = lengths.iter().map(|&l| (l as u64).saturating_sub(1)).sum();
     if spare < shortfall {
         return None;
@@ -236,18 +226,22 @@ fn cut_sequences(
         };
         for (start, piece) in pieces(length, size.max(1)) {
             arrays.indices.push(indices[j]);
-            arrays.starts.push(starts[j] + start as i64);
+            arrays.starts.push(packing.start(j) + start as i64);
             arrays.lengths.push(piece as i64);
         }
         if length == 0 {
             // `pieces` of nothing is nothing; a zero-length segment stays one segment.
             arrays.indices.push(indices[j]);
-            arrays.starts.push(starts[j]);
+            arrays.starts.push(packing.start(j));
             arrays.lengths.push(0);
         }
     }
     first.push(arrays.indices.len() as i64);
-    let offsets = offsets.iter().map(|&o| first[o as usize]).collect();
+    let offsets = packing
+        .bin_offsets
+        .iter()
+        .map(|&o| first[o as usize])
+        .collect();
     Some((arrays, offsets, n_cut))
 }
 

@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::costs::BinCost;
-use super::{stream, PlanOptions};
+use super::{stream, DealOptions};
 use crate::rng::{mix_seed, SplitMix64};
 
 /// Bins to deal (all but `dropped`, which is increasing) by decreasing balance cost, ties
@@ -18,7 +18,7 @@ use crate::rng::{mix_seed, SplitMix64};
 pub fn order_by_cost(
     costs: &[BinCost],
     dropped: &[u32],
-    options: &PlanOptions,
+    options: &DealOptions,
 ) -> (Vec<u32>, Vec<u32>) {
     let mut is_dropped = vec![false; costs.len()];
     for &bin in dropped {
@@ -53,7 +53,7 @@ pub fn order_by_cost(
 
 /// The `(n_steps x num_replicas)` table of bins of one epoch, row-major; `seed` is the
 /// epoch's seed.
-pub fn deal(order: &[u32], groups: &[u32], options: &PlanOptions, seed: u64) -> Vec<i64> {
+pub fn table(order: &[u32], groups: &[u32], options: &DealOptions, seed: u64) -> Vec<i64> {
     let ranks = options.num_replicas;
     if !options.shuffle {
         return order.iter().map(|&b| i64::from(b)).collect();

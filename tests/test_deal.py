@@ -1,5 +1,5 @@
-"""Epoch plans (tokenbatch.distribute), without torch: exactly-once use of every token,
-equal steps, budgets, golden plans that pin what every rank receives, independence from
+"""Epoch deals (tokenbatch.distribute), without torch: exactly-once use of every token,
+equal steps, budgets, golden deals that pin what every rank receives, independence from
 the thread count, and the numpy views the Rust classes hand out."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokenbatch as tb
-from tokenbatch.distribute import PLAN_FORMAT, EpochPlan, Planner, plan_epoch
+from tokenbatch.distribute import DEAL_FORMAT, Dealer, EpochDeal, deal_epoch
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
 # ------------------------------------------------------------------------------ golden
@@ -37,16 +37,16 @@ def golden_packings() -> dict[str, tb.Packing]:
     }
 
 
-def plan_digest(plan: EpochPlan) -> str:
+def deal_digest(deal: EpochDeal) -> str:
     """blake2b of everything a rank receives: the table and the segments it points to."""
     digest = hashlib.blake2b(digest_size=12)
-    for array in (plan.steps, plan.bin_offsets, plan.indices, plan.starts, plan.lengths):
+    for array in (deal.steps, deal.bin_offsets, deal.indices, deal.starts, deal.lengths):
         digest.update(np.ascontiguousarray(array, dtype="<i8").tobytes())
     return digest.hexdigest()
 
 
 def golden_digests() -> dict[str, str]:
-    """Digest of every golden plan (or the error it raises), by case name."""
+    """Digest of every golden deal (or the error it raises), by case name."""
     digests = {}
     for name, packing in golden_packings().items():
         pad = 8 if name == "padded" else 1
@@ -54,7 +54,7 @@ def golden_digests() -> dict[str, str]:
             for split in (False, True):
                 case = f"{name}/{ranks}/{'split' if split else 'whole'}"
                 try:
-                    plan = plan_epoch(
+                    deal = deal_epoch(
                         packing,
                         ranks,
                         epoch=1,
@@ -65,11 +65,11 @@ def golden_digests() -> dict[str, str]:
                 except InvalidValueError:
                     digests[case] = "refused"
                 else:
-                    digests[case] = plan_digest(plan)
+                    digests[case] = deal_digest(deal)
     return digests
 
 
-#: Plan format 2. Any change here changes what ranks receive: bump PLAN_FORMAT with it.
+#: Deal format 2. Any change here changes what ranks receive: bump DEAL_FORMAT with it.
 GOLDEN = {
     "equal/3/whole": "50ae4c176e352bef997ddc52",
     "equal/3/split": "50ae4c176e352bef997ddc52",
@@ -98,12 +98,12 @@ GOLDEN = {
 }
 
 
-def test_golden_plans_are_pinned() -> None:
-    assert PLAN_FORMAT == 2
+def test_golden_deals_are_pinned() -> None:
+    assert DEAL_FORMAT == 2
     assert golden_digests() == GOLDEN
 
 
-def test_plans_are_the_same_with_one_thread_or_two() -> None:
+def test_deals_are_the_same_with_one_thread_or_two() -> None:
     code = (
         "import importlib.util, json, sys, tokenbatch\n"
         f"spec = importlib.util.spec_from_file_location('golden', {str(Path(__file__))!r})\n"
@@ -182,7 +182,7 @@ def test_every_token_once_in_equal_steps_within_budget(
         "hidden_size": 128,
     }
     try:
-        plan = plan_epoch(packing, ranks, **options)
+        deal = deal_epoch(packing, ranks, **options)
     except InvalidValueError as error:
         refused = str(error)
     else:
@@ -194,11 +194,11 @@ def test_every_token_once_in_equal_steps_within_budget(
         most = sum(max(n, 1) for n in packing.lengths.tolist()) if split else packing.n_segments
         assert most < -(-packing.n_bins // ranks) * ranks
         return
-    assert plan.steps.shape == (plan.n_steps, ranks)
+    assert deal.steps.shape == (deal.n_steps, ranks)
     pieces = []
     for rank in range(ranks):
-        batches = list(plan.batches(rank, segments=True))
-        assert len(batches) == plan.n_steps
+        batches = list(deal.batches(rank, segments=True))
+        assert len(batches) == deal.n_steps
         for batch in batches:
             assert batch, "empty batch"
             spans = [-(-length // pad) * pad for _, _, length in batch]
@@ -207,7 +207,7 @@ def test_every_token_once_in_equal_steps_within_budget(
             pieces.extend(batch)
     used = covered_tokens(pieces)
     expected = covered_tokens(segments_of(packing))
-    stats = plan.stats()
+    stats = deal.stats()
     if stats["dropped_bins"] == 0:
         assert used == expected
     else:
@@ -225,7 +225,7 @@ def test_every_token_once_in_equal_steps_within_budget(
     first=st.integers(1, 8),
     seed=st.integers(0, 1000),
 )
-def test_plan_after_a_chain_of_resizes_uses_every_token_once(
+def test_deal_after_a_chain_of_resizes_uses_every_token_once(
     n: int, chain: list[tuple[int, float]], first: int, seed: int
 ) -> None:
     lengths = [(i * 53) % 700 + 1 for i in range(n)]
@@ -234,16 +234,16 @@ def test_plan_after_a_chain_of_resizes_uses_every_token_once(
     pieces: list[tuple[int, int, int]] = []
     runs: list[tuple[int, int]] = []
     try:
-        plan = Planner(packing, first, **options).plan(2)
+        deal = Dealer(packing, first, **options).deal(2)
         for size, fraction in chain:
-            steps = int(fraction * plan.n_steps)
-            for rank in range(plan.num_replicas):
-                batches = plan.batches(rank, segments=True)
+            steps = int(fraction * deal.n_steps)
+            for rank in range(deal.num_replicas):
+                batches = deal.batches(rank, segments=True)
                 pieces.extend(
                     p for _, batch in zip(range(steps), batches, strict=False) for p in batch
                 )
-            runs.append((plan.num_replicas, steps))
-            plan = Planner(packing, size, **options).plan_after(2, runs)
+            runs.append((deal.num_replicas, steps))
+            deal = Dealer(packing, size, **options).deal_after(2, runs)
     except InvalidValueError as error:
         refused = str(error)
     else:
@@ -251,8 +251,8 @@ def test_plan_after_a_chain_of_resizes_uses_every_token_once(
     if refused:
         assert "cannot" in refused  # too few sequences left for the new world size
         return
-    for rank in range(plan.num_replicas):
-        pieces.extend(p for batch in plan.batches(rank, segments=True) for p in batch)
+    for rank in range(deal.num_replicas):
+        pieces.extend(p for batch in deal.batches(rank, segments=True) for p in batch)
     assert covered_tokens(pieces) == covered_tokens(segments_of(packing))
 
 
@@ -261,17 +261,18 @@ def test_plan_after_a_chain_of_resizes_uses_every_token_once(
 
 def test_arrays_are_read_only_views_of_the_owner() -> None:
     packing = tb.pack([5, 9, 3, 7, 1, 8], 10)
-    plan = plan_epoch(packing, 2, split_sequences=True)
-    for owner, name in [(packing, "indices"), (packing, "bin_tokens"), (plan, "steps")]:
+    deal = deal_epoch(packing, 2, split_sequences=True)
+    # The deal's arrays belong to the Rust object it wraps.
+    for owner, name in [(packing, "indices"), (packing, "bin_tokens"), (deal._deal, "steps")]:
         array = getattr(owner, name)
         assert array.base is owner, name
         assert not array.flags.writeable, name
         with pytest.raises(ValueError, match="read-only"):
             array[0] = 1
-    # No split, so the plan's segments are the packing's own memory.
-    assert np.shares_memory(plan.indices, packing.indices)
-    assert np.shares_memory(plan.rank_bins(1), plan.steps)
-    np.testing.assert_array_equal(plan.rank_bins(1), plan.steps[:, 1])
+    # No split, so the deal's segments are the packing's own memory.
+    assert np.shares_memory(deal.indices, packing.indices)
+    assert np.shares_memory(deal.rank_bins(1), deal.steps)
+    np.testing.assert_array_equal(deal.rank_bins(1), deal.steps[:, 1])
 
 
 def test_packing_pickles_and_refuses_corrupt_arrays() -> None:
@@ -287,57 +288,57 @@ def test_packing_pickles_and_refuses_corrupt_arrays() -> None:
         rebuild(*broken)
 
 
-def test_plan_stats_and_costs_of_padded_documents() -> None:
+def test_deal_stats_and_costs_of_padded_documents() -> None:
     # pad_to_multiple_of=4: every document occupies, and attends over, its padded length.
     packing = tb.pack([5, 3, 8, 2], 16, pad_to_multiple_of=4)
-    plan = plan_epoch(packing, 1, pad_to_multiple_of=4, shuffle=False)
-    assert plan.step_costs("tokens").sum() == 8 + 4 + 8 + 4
-    assert plan.step_costs("attention").sum() == 64 + 16 + 64 + 16
-    assert plan.real_tokens().sum() == 18
-    stats = plan.stats()
+    deal = deal_epoch(packing, 1, pad_to_multiple_of=4, shuffle=False)
+    assert deal.step_costs("tokens").sum() == 8 + 4 + 8 + 4
+    assert deal.step_costs("attention").sum() == 64 + 16 + 64 + 16
+    assert deal.real_tokens().sum() == 18
+    stats = deal.stats()
     assert stats["padding_tokens"] == 6
     assert stats["total_tokens"] == 18
 
 
-def test_planner_attributes_and_argument_errors() -> None:
+def test_dealer_attributes_and_argument_errors() -> None:
     packing = tb.pack([5, 9, 3, 7, 1, 8], 10)
-    planner = Planner(packing, 2, seed=3, balance=None, hidden_size=64)
-    assert planner.packing is packing
-    assert (planner.num_replicas, planner.seed, planner.balance) == (2, 3, None)
-    assert planner.shuffle
-    assert not planner.drop_last
-    assert planner.hidden_size == 64
-    assert planner.epoch_tokens == packing.total_tokens
-    plan = planner.plan(0)
-    assert repr(plan) == f"EpochPlan(epoch=0, num_replicas=2, n_steps={plan.n_steps})"
+    dealer = Dealer(packing, 2, seed=3, balance=None, hidden_size=64)
+    assert dealer.packing is packing
+    assert (dealer.num_replicas, dealer.seed, dealer.balance) == (2, 3, None)
+    assert dealer.shuffle
+    assert not dealer.drop_last
+    assert dealer.hidden_size == 64
+    assert dealer.epoch_tokens == packing.total_tokens
+    deal = dealer.deal(0)
+    assert repr(deal) == f"EpochDeal(epoch=0, num_replicas=2, n_steps={deal.n_steps})"
     with pytest.raises(InvalidTypeError, match=r"packing must be a tokenbatch\.Packing"):
-        Planner([1, 2], 2)  # type: ignore[arg-type]
+        Dealer([1, 2], 2)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="num_replicas must be at least 1"):
-        Planner(packing, 0)
-    assert Planner(packing, 2.0).num_replicas == 2  # type: ignore[arg-type]
+        Dealer(packing, 0)
+    assert Dealer(packing, 2.0).num_replicas == 2  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match=r"num_replicas must be an integer, got 2\.5"):
-        Planner(packing, 2.5)  # type: ignore[arg-type]
+        Dealer(packing, 2.5)  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="num_replicas must be an integer"):
-        Planner(packing, "2")  # type: ignore[arg-type]
+        Dealer(packing, "2")  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="num_replicas must be an integer"):
-        Planner(packing, True)
+        Dealer(packing, True)
     with pytest.raises(InvalidValueError, match="seed must be in"):
-        Planner(packing, 2, seed=-1)
+        Dealer(packing, 2, seed=-1)
     with pytest.raises(InvalidTypeError, match="shuffle must be a bool"):
-        Planner(packing, 2, shuffle=1)  # type: ignore[arg-type]
+        Dealer(packing, 2, shuffle=1)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="balance must be"):
-        Planner(packing, 2, balance="fast")  # type: ignore[arg-type]
+        Dealer(packing, 2, balance="fast")  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="hidden_size"):
-        Planner(packing, 2, balance="flops")
+        Dealer(packing, 2, balance="flops")
     with pytest.raises(InvalidValueError, match="rank must be smaller than num_replicas=2"):
-        plan.rank_bins(2)
+        deal.rank_bins(2)
     with pytest.raises(InvalidValueError, match="rank must be at least 0"):
-        plan.batches(-1)
+        deal.batches(-1)
     with pytest.raises(InvalidValueError, match="beyond"):
-        plan.rest(plan.n_steps + 1)
+        deal.rest(deal.n_steps + 1)
     with pytest.raises(InvalidValueError, match="kind must be"):
-        plan.step_costs("time")  # type: ignore[arg-type]
+        deal.step_costs("time")  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="epoch must be at least 0"):
-        planner.plan(-1)
-    with pytest.raises(InvalidValueError, match="does not match the plan"):
-        planner.plan_after(0, [(2, 10**6)])
+        dealer.deal(-1)
+    with pytest.raises(InvalidValueError, match="does not match the deal"):
+        dealer.deal_after(0, [(2, 10**6)])

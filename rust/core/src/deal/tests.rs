@@ -4,7 +4,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::packing::{batch_padded, pack};
+use crate::packing::{batch_padded, pack, Bins, PackOptions, Packing, PackingKind};
 
 fn bins_of(
     lengths: &[i64],
@@ -26,17 +26,17 @@ fn bins_of(
     Arc::new(Bins::new(packing, &options, lengths.len(), kind))
 }
 
-fn options(num_replicas: usize) -> PlanOptions {
-    PlanOptions {
+fn options(num_replicas: usize) -> DealOptions {
+    DealOptions {
         num_replicas,
-        ..PlanOptions::default()
+        ..DealOptions::default()
     }
 }
 
 /// Token ranges `(start, end)` of every sequence, as the segments of `bins` cover them.
 fn coverage(
     indices: &[i64],
-    starts: &[i64],
+    start: impl Fn(usize) -> i64,
     lengths: &[i64],
     segments: impl IntoIterator<Item = usize>,
 ) -> BTreeMap<i64, Vec<(i64, i64)>> {
@@ -45,7 +45,7 @@ fn coverage(
         covered
             .entry(indices[j])
             .or_default()
-            .push((starts[j], starts[j] + lengths[j]));
+            .push((start(j), start(j) + lengths[j]));
     }
     for ranges in covered.values_mut() {
         ranges.sort_unstable();
@@ -70,28 +70,28 @@ fn merged_coverage(covered: &BTreeMap<i64, Vec<(i64, i64)>>) -> BTreeMap<i64, Ve
     covered.iter().map(|(&i, r)| (i, merged(r))).collect()
 }
 
-/// Segments of the bins `bins` of a plan's layout.
-fn segments_of(layout: &Layout, bins: &[i64]) -> Vec<usize> {
+/// Segments of the bins `bins` of a deal's deck.
+fn segments_of(deck: &Deck, bins: &[i64]) -> Vec<usize> {
     bins.iter()
-        .flat_map(|&b| layout.segment_range(b as usize))
+        .flat_map(|&b| deck.segment_range(b as usize))
         .collect()
 }
 
-/// Every invariant of one plan: equal steps, each bin once, no bin empty or over budget,
+/// Every invariant of one deal: equal steps, each bin once, no bin empty or over budget,
 /// and (unless `drop_last`) every token of the packing exactly once.
-fn check_plan(bins: &Bins, plan: &EpochPlan, multiple: u64) {
-    let layout = plan.layout();
-    let ranks = plan.num_replicas();
-    assert_eq!(plan.steps().len(), plan.n_steps() * ranks, "ragged table");
-    let mut seen = vec![false; layout.bin_offsets().len() - 1];
-    for &bin in plan.steps() {
+fn check_plan(bins: &Bins, deal: &EpochDeal, multiple: u64) {
+    let deck = deal.deck();
+    let ranks = deal.num_replicas();
+    assert_eq!(deal.steps().len(), deal.n_steps() * ranks, "ragged table");
+    let mut seen = vec![false; deck.bin_offsets().len() - 1];
+    for &bin in deal.steps() {
         assert!(
             !std::mem::replace(&mut seen[bin as usize], true),
             "bin {bin} dealt twice"
         );
-        let range = layout.segment_range(bin as usize);
+        let range = deck.segment_range(bin as usize);
         assert!(!range.is_empty(), "bin {bin} is empty");
-        let lengths = &layout.lengths()[range];
+        let lengths = &deck.lengths()[range];
         let padded = |l: i64| (l as u64).div_ceil(multiple) * multiple;
         let cost = match bins.kind {
             PackingKind::Packed => lengths.iter().map(|&l| padded(l)).sum::<u64>(),
@@ -108,28 +108,28 @@ fn check_plan(bins: &Bins, plan: &EpochPlan, multiple: u64) {
     let p = &bins.packing;
     let expected = merged_coverage(&coverage(
         &p.indices,
-        &p.starts,
+        |j| p.start(j),
         &p.lengths,
         0..p.indices.len(),
     ));
-    let used = segments_of(layout, plan.steps());
+    let used = segments_of(deck, deal.steps());
     let got = merged_coverage(&coverage(
-        layout.indices(),
-        layout.starts(),
-        layout.lengths(),
+        deck.indices(),
+        |j| deck.start(j),
+        deck.lengths(),
         used,
     ));
-    let report = layout.report();
+    let report = deck.report();
     if report.dropped_bins == 0 {
         assert_eq!(
             got, expected,
-            "the plan does not cover the packing's tokens exactly once"
+            "the deal does not cover the packing's tokens exactly once"
         );
-        assert_eq!(plan.total_real_tokens(), bins.total_tokens());
+        assert_eq!(deal.total_real_tokens(), bins.total_tokens());
     } else {
         assert!(report.dropped_bins < ranks as u64);
         assert_eq!(
-            plan.total_real_tokens() + report.dropped_tokens,
+            deal.total_real_tokens() + report.dropped_tokens,
             bins.total_tokens()
         );
         for (index, ranges) in &got {
@@ -151,7 +151,7 @@ fn most_bins(bins: &Bins, split: bool) -> u64 {
     }
 }
 
-fn arbitrary_options() -> impl Strategy<Value = PlanOptions> {
+fn arbitrary_options() -> impl Strategy<Value = DealOptions> {
     (
         1usize..10,
         any::<u64>(),
@@ -166,7 +166,7 @@ fn arbitrary_options() -> impl Strategy<Value = PlanOptions> {
         any::<bool>(),
     )
         .prop_map(
-            |(num_replicas, seed, shuffle, balance, drop_last, split_sequences)| PlanOptions {
+            |(num_replicas, seed, shuffle, balance, drop_last, split_sequences)| DealOptions {
                 num_replicas,
                 seed,
                 shuffle,
@@ -197,12 +197,12 @@ proptest! {
         options.pad_to_multiple_of = multiple as u64;
         let ranks = options.num_replicas as u64;
         let needed = (bins.n_bins() as u64).div_ceil(ranks) * ranks;
-        match Planner::new(Arc::clone(&bins), options.clone()) {
-            Ok(planner) => {
-                let plan = planner.plan(epoch);
-                check_plan(&bins, &plan, multiple as u64);
+        match Dealer::new(Arc::clone(&bins), options.clone()) {
+            Ok(dealer) => {
+                let deal = dealer.deal(epoch);
+                check_plan(&bins, &deal, multiple as u64);
                 if !options.drop_last {
-                    prop_assert_eq!(plan.n_steps() as u64 * ranks, needed);
+                    prop_assert_eq!(deal.n_steps() as u64 * ranks, needed);
                 }
             }
             Err(error) => {
@@ -223,37 +223,37 @@ proptest! {
         epoch in 0u64..3,
     ) {
         let bins = bins_of(&lengths, 256, "split", "bfd", 1, false);
-        let base = PlanOptions { seed, split_sequences: split, ..options(first) };
-        let Ok(mut planner) = Planner::new(Arc::clone(&bins), base.clone()) else {
+        let base = DealOptions { seed, split_sequences: split, ..options(first) };
+        let Ok(mut dealer) = Dealer::new(Arc::clone(&bins), base.clone()) else {
             return Ok(());
         };
-        let mut plan = planner.plan(epoch);
+        let mut deal = dealer.deal(epoch);
         let mut runs: Vec<Run> = Vec::new();
         let mut used: Vec<(i64, i64, i64)> = Vec::new();
         for &(size, fraction) in &chain {
-            let steps = (fraction * plan.n_steps() as f64) as usize;
-            let layout = Arc::clone(plan.layout());
-            let ran = &plan.steps()[..steps * plan.num_replicas()];
-            used.extend(segments_of(&layout, ran).into_iter().map(|j| (layout.indices()[j], layout.starts()[j], layout.lengths()[j])));
-            runs.push(Run { num_replicas: plan.num_replicas(), steps });
-            planner = Planner::new(Arc::clone(&bins), PlanOptions { num_replicas: size, ..base.clone() }).unwrap_or(planner);
-            match planner.plan_after(epoch, &runs) {
-                Ok(next) => plan = next,
+            let steps = (fraction * deal.n_steps() as f64) as usize;
+            let deck = Arc::clone(deal.deck());
+            let ran = &deal.steps()[..steps * deal.num_replicas()];
+            used.extend(segments_of(&deck, ran).into_iter().map(|j| (deck.indices()[j], deck.start(j), deck.lengths()[j])));
+            runs.push(Run { num_replicas: deal.num_replicas(), steps });
+            dealer = Dealer::new(Arc::clone(&bins), DealOptions { num_replicas: size, ..base.clone() }).unwrap_or(dealer);
+            match dealer.deal_after(epoch, &runs) {
+                Ok(next) => deal = next,
                 Err(error) => {
                     prop_assert!(error.to_string().contains("cannot be finished on"), "{}", error);
                     return Ok(());
                 }
             }
-            prop_assert_eq!(plan.num_replicas(), planner.layout().options().num_replicas);
+            prop_assert_eq!(deal.num_replicas(), dealer.deck().options().num_replicas);
         }
-        let layout = Arc::clone(plan.layout());
-        used.extend(segments_of(&layout, plan.steps()).into_iter().map(|j| (layout.indices()[j], layout.starts()[j], layout.lengths()[j])));
+        let deck = Arc::clone(deal.deck());
+        used.extend(segments_of(&deck, deal.steps()).into_iter().map(|j| (deck.indices()[j], deck.start(j), deck.lengths()[j])));
         let (i, s, l): (Vec<i64>, Vec<i64>, Vec<i64>) = used.iter().fold((vec![], vec![], vec![]), |mut acc, &(i, s, l)| {
             acc.0.push(i); acc.1.push(s); acc.2.push(l); acc
         });
-        let got = merged_coverage(&coverage(&i, &s, &l, 0..i.len()));
+        let got = merged_coverage(&coverage(&i, |j| s[j], &l, 0..i.len()));
         let p = &bins.packing;
-        let expected = merged_coverage(&coverage(&p.indices, &p.starts, &p.lengths, 0..p.indices.len()));
+        let expected = merged_coverage(&coverage(&p.indices, |j| p.start(j), &p.lengths, 0..p.indices.len()));
         prop_assert_eq!(got, expected);
     }
 
@@ -267,9 +267,9 @@ proptest! {
         // The balance: the bins of one step are neighbours in the order by cost, so that
         // no step holds a bin cheaper than one step's and one dearer than another's.
         let bins = bins_of(&lengths, 128, "error", "bfd", 1, false);
-        let options = PlanOptions { seed, shuffle, drop_last: true, ..options(ranks) };
-        let plan = Planner::new(bins, options).unwrap().plan(1);
-        let costs = plan.step_costs(CostKind::Attention).unwrap();
+        let options = DealOptions { seed, shuffle, drop_last: true, ..options(ranks) };
+        let deal = Dealer::new(bins, options).unwrap().deal(1);
+        let costs = deal.step_costs(CostKind::Attention).unwrap();
         let mut ranges: Vec<(f64, f64)> = costs
             .chunks_exact(ranks)
             .map(|row| (row.iter().copied().fold(f64::INFINITY, f64::min), row.iter().copied().fold(0.0, f64::max)))
@@ -291,16 +291,16 @@ fn plans_do_not_depend_on_the_thread_count() {
             .build()
             .unwrap();
         pool.install(|| {
-            let planner = Planner::new(
+            let dealer = Dealer::new(
                 Arc::clone(&bins),
-                PlanOptions {
+                DealOptions {
                     seed: 5,
                     ..options(7)
                 },
             )
             .unwrap();
-            let plan = planner.plan(3);
-            (plan.steps().to_vec(), plan.layout().bin_offsets().to_vec())
+            let deal = dealer.deal(3);
+            (deal.steps().to_vec(), deal.deck().bin_offsets().to_vec())
         })
     };
     let one = plan_with(1);
@@ -311,16 +311,16 @@ fn plans_do_not_depend_on_the_thread_count() {
 #[test]
 fn equal_costs_are_ordered_by_index_and_shuffled_by_seed_alone() {
     let bins = bins_of(&[10; 64], 20, "error", "bfd", 1, false);
-    let fixed = PlanOptions {
+    let fixed = DealOptions {
         shuffle: false,
         ..options(4)
     };
-    let plan = Planner::new(Arc::clone(&bins), fixed).unwrap().plan(0);
-    assert_eq!(plan.steps(), (0..32).collect::<Vec<i64>>());
+    let deal = Dealer::new(Arc::clone(&bins), fixed).unwrap().deal(0);
+    assert_eq!(deal.steps(), (0..32).collect::<Vec<i64>>());
     let shuffled = |seed| {
-        Planner::new(Arc::clone(&bins), PlanOptions { seed, ..options(4) })
+        Dealer::new(Arc::clone(&bins), DealOptions { seed, ..options(4) })
             .unwrap()
-            .plan(2)
+            .deal(2)
             .steps()
             .to_vec()
     };
@@ -340,12 +340,12 @@ fn bins_are_cut_between_segments_into_equal_token_runs() {
 fn drop_last_leaves_out_the_least_filled_bins_the_later_first() {
     // Bins of 30, 20, 20, 30 tokens on 3 ranks: one bin goes, the later of the two 20s.
     let bins = bins_of(&[30, 20, 20, 30], 30, "error", "next_fit", 1, false);
-    let options = PlanOptions {
+    let options = DealOptions {
         drop_last: true,
         ..options(3)
     };
-    let plan = Planner::new(bins, options).unwrap().plan(0);
-    let report = plan.layout().report();
+    let deal = Dealer::new(bins, options).unwrap().deal(0);
+    let report = deal.deck().report();
     assert_eq!(
         (
             report.dropped_bins,
@@ -354,7 +354,7 @@ fn drop_last_leaves_out_the_least_filled_bins_the_later_first() {
         ),
         (1, 1, 20)
     );
-    let mut dealt = plan.steps().to_vec();
+    let mut dealt = deal.steps().to_vec();
     dealt.sort_unstable();
     assert_eq!(dealt, vec![0, 1, 3]);
 }
@@ -363,20 +363,20 @@ fn drop_last_leaves_out_the_least_filled_bins_the_later_first() {
 fn sequences_are_cut_with_the_oversize_splitter_only_as_far_as_needed() {
     // Three full bins on two ranks: one sequence is cut, into a full piece and the rest.
     let bins = bins_of(&[64, 64, 64], 64, "error", "bfd", 1, false);
-    let split = PlanOptions {
+    let split = DealOptions {
         split_sequences: true,
         ..options(2)
     };
-    let plan = Planner::new(Arc::clone(&bins), split).unwrap().plan(0);
-    assert_eq!(plan.layout().report().split_seqs, 1);
-    assert_eq!(plan.n_steps(), 2);
-    let layout = plan.layout();
-    let pieces: Vec<(i64, i64)> = (0..layout.indices().len())
-        .filter(|&j| layout.lengths()[j] < 64)
-        .map(|j| (layout.starts()[j], layout.lengths()[j]))
+    let deal = Dealer::new(Arc::clone(&bins), split).unwrap().deal(0);
+    assert_eq!(deal.deck().report().split_seqs, 1);
+    assert_eq!(deal.n_steps(), 2);
+    let deck = deal.deck();
+    let pieces: Vec<(i64, i64)> = (0..deck.indices().len())
+        .filter(|&j| deck.lengths()[j] < 64)
+        .map(|j| (deck.start(j), deck.lengths()[j]))
         .collect();
     assert_eq!(pieces, vec![(0, 32), (32, 32)]);
-    let error = Planner::new(bins, options(2)).unwrap_err().to_string();
+    let error = Dealer::new(bins, options(2)).unwrap_err().to_string();
     assert!(
         error.contains("num_replicas=2") && error.contains("drop_last=True"),
         "{error}"
@@ -387,59 +387,59 @@ fn sequences_are_cut_with_the_oversize_splitter_only_as_far_as_needed() {
 fn attention_counts_padded_lengths() {
     // pad_to_multiple_of=8: a 5-token document occupies, and attends over, 8 slots.
     let bins = bins_of(&[5, 13], 64, "error", "bfd", 8, false);
-    let options = PlanOptions {
+    let options = DealOptions {
         pad_to_multiple_of: 8,
         ..options(1)
     };
-    let plan = Planner::new(bins, options).unwrap().plan(0);
-    assert_eq!(plan.step_costs(CostKind::Tokens).unwrap(), vec![24.0]);
+    let deal = Dealer::new(bins, options).unwrap().deal(0);
+    assert_eq!(deal.step_costs(CostKind::Tokens).unwrap(), vec![24.0]);
     assert_eq!(
-        plan.step_costs(CostKind::Attention).unwrap(),
+        deal.step_costs(CostKind::Attention).unwrap(),
         vec![(64 + 256) as f64]
     );
-    assert_eq!(plan.real_tokens(), vec![18]);
+    assert_eq!(deal.real_tokens(), vec![18]);
 }
 
 #[test]
 fn rest_keeps_the_bins_not_yet_run() {
     let lengths: Vec<i64> = (0..300).map(|i| i % 50 + 1).collect();
     let bins = bins_of(&lengths, 128, "error", "bfd", 1, false);
-    let plan = Planner::new(Arc::clone(&bins), options(3)).unwrap().plan(1);
-    let rest = plan.rest(2).unwrap();
-    assert_eq!(rest.n_bins(), (plan.n_steps() - 2) * 3);
+    let deal = Dealer::new(Arc::clone(&bins), options(3)).unwrap().deal(1);
+    let rest = deal.rest(2).unwrap();
+    assert_eq!(rest.n_bins(), (deal.n_steps() - 2) * 3);
     assert_eq!(rest.packing.counts.input_tokens, rest.total_tokens());
     assert_eq!(rest.lower_bound, rest.packing.segment_cost.div_ceil(128));
     rest.validate().unwrap();
-    assert!(plan.rest(plan.n_steps() + 1).is_err());
+    assert!(deal.rest(deal.n_steps() + 1).is_err());
 }
 
 #[test]
 fn bad_options_are_refused() {
     let bins = bins_of(&[1, 2, 3], 8, "error", "bfd", 1, false);
-    let flops = PlanOptions {
+    let flops = DealOptions {
         balance: Some(CostKind::Flops),
         hidden_size: None,
         ..options(1)
     };
-    assert!(Planner::new(Arc::clone(&bins), flops)
+    assert!(Dealer::new(Arc::clone(&bins), flops)
         .unwrap_err()
         .to_string()
         .contains("hidden_size"));
-    assert!(Planner::new(Arc::clone(&bins), options(0)).is_err());
-    let plan = Planner::new(bins, options(2)).unwrap().plan(0);
-    assert!(plan.step_costs(CostKind::Flops).is_err());
-    assert!(plan.check_rank(2).is_err() && plan.check_rank(-1).is_err());
+    assert!(Dealer::new(Arc::clone(&bins), options(0)).is_err());
+    let deal = Dealer::new(bins, options(2)).unwrap().deal(0);
+    assert!(deal.step_costs(CostKind::Flops).is_err());
+    assert!(deal.check_rank(2).is_err() && deal.check_rank(-1).is_err());
 }
 
 #[test]
 fn rebuilt_bins_without_a_budget_are_refused() {
     // Bins rebuilt from outside (an unpickled Packing) with max_tokens=0 passed validation,
-    // and `rest` then divided by zero. Found by the `planner` fuzz target.
+    // and `rest` then divided by zero. Found by the `deal` fuzz target.
     let bins = Bins {
         packing: Packing {
             bin_offsets: vec![0],
             indices: vec![],
-            starts: Vec::new().into(),
+            starts: None,
             lengths: vec![],
             bin_tokens: vec![],
             counts: crate::packing::PolicyCounts::default(),
@@ -460,19 +460,19 @@ fn rebuilt_bins_without_a_budget_are_refused() {
         ..bins
     };
     valid.validate().unwrap();
-    let plan = Planner::new(Arc::new(valid), options(1)).unwrap().plan(0);
-    assert_eq!(plan.rest(0).unwrap().n_bins(), 0);
+    let deal = Dealer::new(Arc::new(valid), options(1)).unwrap().deal(0);
+    assert_eq!(deal.rest(0).unwrap().n_bins(), 0);
 }
 
 #[test]
 fn empty_rebuilt_bins_add_no_cutting_capacity() {
-    // An empty bin counted -1 as u64 of capacity to cut: a u64 overflow, and a plan that
-    // believed it could make any number of bins. Found by the `planner` fuzz target.
+    // An empty bin counted -1 as u64 of capacity to cut: a u64 overflow, and a deal that
+    // believed it could make any number of bins. Found by the `deal` fuzz target.
     let bins = Bins {
         packing: Packing {
             bin_offsets: vec![0, 0, 0, 2],
             indices: vec![0, 1],
-            starts: vec![0, 0].into(),
+            starts: Some(vec![0, 0]),
             lengths: vec![3, 4],
             bin_tokens: vec![0, 0, 7],
             counts: crate::packing::PolicyCounts::default(),
@@ -484,90 +484,6 @@ fn empty_rebuilt_bins_add_no_cutting_capacity() {
         lower_bound: 1,
     };
     bins.validate().unwrap();
-    let error = Planner::new(Arc::new(bins), options(1 << 40)).unwrap_err();
+    let error = Dealer::new(Arc::new(bins), options(1 << 40)).unwrap_err();
     assert!(error.to_string().contains("cannot give each"), "{error}");
-}
-
-#[test]
-fn bins_whose_segments_share_a_token_are_refused() {
-    // Rebuilt bins (an unpickled packing) with two segments over the same tokens passed
-    // validation, and a plan dealt those tokens twice. Found by the `planner` fuzz target.
-    let bins = |indices: Vec<i64>, starts: Vec<i64>, lengths: Vec<i64>| {
-        let n = indices.len() as i64;
-        Bins {
-            packing: Packing {
-                bin_offsets: vec![0, n],
-                indices,
-                starts: starts.into(),
-                lengths,
-                bin_tokens: vec![0],
-                counts: crate::packing::PolicyCounts::default(),
-                segment_cost: 0,
-            },
-            max_tokens: 65_406,
-            n_seqs: 142,
-            kind: PackingKind::Packed,
-            lower_bound: 0,
-        }
-    };
-    let refused = |b: Bins| b.validate().unwrap_err().to_string();
-    // The fuzz target's case: pieces of sequence 131 at the same start.
-    let error = refused(bins(vec![131, 131], vec![131, 131], vec![33_725, 27]));
-    assert!(
-        error.contains("segments 0 and 1 both hold tokens of sequence 131"),
-        "{error}"
-    );
-    // A piece that runs into the next one; a sequence placed whole twice (the unsplit path).
-    assert!(
-        refused(bins(vec![5, 7, 5], vec![10, 0, 0], vec![4, 3, 11])).contains("segments 0 and 2")
-    );
-    assert!(refused(bins(vec![5, 7, 5], vec![0, 0, 0], vec![4, 3, 4])).contains("segments 0 and 2"));
-    // Pieces that touch, and empty segments, are fine.
-    bins(vec![5, 5, 7, 7], vec![0, 4, 0, 0], vec![4, 9, 3, 0])
-        .validate()
-        .unwrap();
-    bins(vec![5, 7, 7], vec![0, 0, 0], vec![4, 3, 0])
-        .validate()
-        .unwrap();
-}
-
-#[test]
-fn rebuilt_bins_over_their_budget_are_refused() {
-    // Rebuilt bins (an unpickled packing) whose segments each fit the budget but not
-    // together passed validation, and a plan dealt a bin over it. Found by the `planner`
-    // fuzz target: three segments of 73, 73 and 34,952 tokens in one bin of 34,952.
-    let bins = |lengths: Vec<i64>| Bins {
-        packing: Packing {
-            bin_offsets: vec![0, 3],
-            indices: vec![73, 61, 73],
-            starts: vec![0, 73, 136].into(),
-            lengths,
-            bin_tokens: vec![0],
-            counts: crate::packing::PolicyCounts::default(),
-            segment_cost: 0,
-        },
-        max_tokens: 34_952,
-        n_seqs: 136,
-        kind: PackingKind::Packed,
-        lower_bound: 0,
-    };
-    let error = bins(vec![73, 73, 34_952])
-        .validate()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("bin 0 holds 35098 tokens, more than max_tokens=34952"),
-        "{error}"
-    );
-    // Exactly the budget is fine, and so are huge lengths that overflow a sum in i64.
-    bins(vec![73, 73, 34_806]).validate().unwrap();
-    let huge = Bins {
-        max_tokens: i64::MAX as u64,
-        ..bins(vec![i64::MAX, i64::MAX, 0])
-    };
-    assert!(huge
-        .validate()
-        .unwrap_err()
-        .to_string()
-        .contains("more than"));
 }

@@ -1,17 +1,17 @@
-//! The epoch planner over packings from `pack`/`batch_padded` and over raw arrays that pass
+//! The epoch dealer over packings from `pack`/`batch_padded` and over raw arrays that pass
 //! `Bins::validate` (the unpickling path), with every option: errors instead of panics;
 //! otherwise a bin count that divides by the ranks, every placed token of the packing in
 //! exactly one dealt bin (at most one with `drop_last`, the rest counted as dropped), no
 //! bin over the budget, epoch tables that deal every kept bin once and are the same when
-//! planned again, and `rest`, `plan_after`, `stats` and `step_costs` that hold up.
+//! dealt again, and `rest`, `deal_after`, `stats` and `step_costs` that hold up.
 #![no_main]
 
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tokenbatch_core::packing::{Packing, PolicyCounts};
-use tokenbatch_core::plan::{Bins, CostKind, EpochPlan, PackingKind, PlanOptions, Planner, Run};
+use tokenbatch_core::deal::{CostKind, DealOptions, Dealer, EpochDeal, Run};
+use tokenbatch_core::packing::{Bins, Packing, PackingKind, PolicyCounts};
 use tokenbatch_fuzz::packing::{screen, PackCase, MAX_SEGMENTS};
 use tokenbatch_fuzz::{Count, Int};
 
@@ -94,11 +94,7 @@ fn bins(source: &Source) -> Option<Bins> {
                 packing: Packing {
                     bin_offsets,
                     indices: segments.iter().map(|s| i64::from(s.0)).collect(),
-                    starts: segments
-                        .iter()
-                        .map(|s| s.1.get())
-                        .collect::<Vec<_>>()
-                        .into(),
+                    starts: Some(segments.iter().map(|s| s.1.get()).collect()),
                     lengths: segments.iter().map(|s| s.2.get()).collect(),
                     bin_tokens,
                     counts: PolicyCounts::default(),
@@ -116,15 +112,15 @@ fn bins(source: &Source) -> Option<Bins> {
 }
 
 /// Token ranges `(sequence, start, end)` of the given bins' segments, sorted.
-fn ranges(plan: &EpochPlan, bins: impl Iterator<Item = usize>) -> Vec<(i64, i64, i64)> {
-    let layout = plan.layout();
+fn ranges(deal: &EpochDeal, bins: impl Iterator<Item = usize>) -> Vec<(i64, i64, i64)> {
+    let deck = deal.deck();
     let mut out: Vec<(i64, i64, i64)> = bins
-        .flat_map(|bin| layout.segment_range(bin))
+        .flat_map(|bin| deck.segment_range(bin))
         .map(|s| {
             (
-                layout.indices()[s],
-                layout.starts()[s],
-                layout.starts()[s] + layout.lengths()[s],
+                deck.indices()[s],
+                deck.start(s),
+                deck.start(s) + deck.lengths()[s],
             )
         })
         .filter(|r| r.2 > r.1)
@@ -146,33 +142,33 @@ fn union(ranges: &[(i64, i64, i64)]) -> Vec<(i64, i64, i64)> {
     out
 }
 
-fn check_plan(plan: &EpochPlan, planner: &Planner, source: &Bins, drop_last: bool) {
-    let layout = plan.layout();
-    let n_bins = layout.bin_offsets().len() - 1;
-    let replicas = plan.num_replicas();
-    let steps = plan.steps();
-    assert_eq!(steps.len(), plan.n_steps() * replicas);
+fn check_deal(deal: &EpochDeal, dealer: &Dealer, source: &Bins, drop_last: bool) {
+    let deck = deal.deck();
+    let n_bins = deck.bin_offsets().len() - 1;
+    let replicas = deal.num_replicas();
+    let steps = deal.steps();
+    assert_eq!(steps.len(), deal.n_steps() * replicas);
     let mut dealt: Vec<usize> = steps.iter().map(|&b| b as usize).collect();
     dealt.sort_unstable();
     assert!(dealt.windows(2).all(|w| w[0] < w[1]), "a bin dealt twice");
     assert!(
         dealt.last().is_none_or(|&b| b < n_bins),
-        "a bin past the layout"
+        "a bin past the deck"
     );
-    let report = layout.report();
+    let report = deck.report();
     assert_eq!(dealt.len() as u64 + report.dropped_bins, n_bins as u64);
     for &bin in &dealt {
-        let tokens: i64 = layout.segment_range(bin).map(|s| layout.lengths()[s]).sum();
+        let tokens: i64 = deck.segment_range(bin).map(|s| deck.lengths()[s]).sum();
         assert!(
             tokens as u64 <= source.max_tokens,
             "bin {bin} over the budget"
         );
     }
-    let placed = union(&ranges(plan, dealt.iter().copied()));
+    let placed = union(&ranges(deal, dealt.iter().copied()));
     let original = {
         let p = &source.packing;
         let mut r: Vec<(i64, i64, i64)> = (0..p.indices.len())
-            .map(|s| (p.indices[s], p.starts[s], p.starts[s] + p.lengths[s]))
+            .map(|s| (p.indices[s], p.start(s), p.start(s) + p.lengths[s]))
             .filter(|r| r.2 > r.1)
             .collect();
         r.sort_unstable();
@@ -185,23 +181,23 @@ fn check_plan(plan: &EpochPlan, planner: &Planner, source: &Bins, drop_last: boo
         assert_eq!(report.dropped_bins, 0);
         assert_eq!(
             placed, original,
-            "the plan does not place every token exactly once"
+            "the deal does not place every token exactly once"
         );
     }
     assert_eq!(
-        planner.plan(plan.epoch()).steps(),
+        dealer.deal(deal.epoch()).steps(),
         steps,
-        "planned twice, differently"
+        "dealt twice, differently"
     );
-    let _ = plan.stats();
+    let _ = deal.stats();
     for kind in [CostKind::Tokens, CostKind::Attention, CostKind::Flops] {
-        let costs = plan.step_costs(kind);
-        let flops_without_h = kind == CostKind::Flops && layout.options().hidden_size.is_none();
+        let costs = deal.step_costs(kind);
+        let flops_without_h = kind == CostKind::Flops && deck.options().hidden_size.is_none();
         assert_eq!(costs.is_err(), flops_without_h);
     }
-    for step in [0, plan.n_steps() / 2, plan.n_steps(), plan.n_steps() + 1] {
-        let rest = plan.rest(step);
-        assert_eq!(rest.is_err(), step > plan.n_steps());
+    for step in [0, deal.n_steps() / 2, deal.n_steps(), deal.n_steps() + 1] {
+        let rest = deal.rest(step);
+        assert_eq!(rest.is_err(), step > deal.n_steps());
         if let Ok(rest) = rest {
             assert_eq!(rest.validate(), Ok(()));
         }
@@ -212,7 +208,7 @@ fuzz_target!(|case: Case| {
     let Some(source) = bins(&case.source) else {
         return;
     };
-    let options = PlanOptions {
+    let options = DealOptions {
         num_replicas: case.num_replicas.get().min(1 << 40) as usize,
         seed: case.seed,
         shuffle: case.shuffle,
@@ -232,11 +228,11 @@ fuzz_target!(|case: Case| {
     }
     let drop_last = options.drop_last;
     let source = Arc::new(source);
-    let Ok(planner) = Planner::new(Arc::clone(&source), options) else {
+    let Ok(dealer) = Dealer::new(Arc::clone(&source), options) else {
         return;
     };
-    let plan = planner.plan(case.epoch);
-    check_plan(&plan, &planner, &source, drop_last);
+    let deal = dealer.deal(case.epoch);
+    check_deal(&deal, &dealer, &source, drop_last);
     let runs: Vec<Run> = case
         .runs
         .iter()
@@ -246,8 +242,8 @@ fuzz_target!(|case: Case| {
             steps: usize::from(steps),
         })
         .collect();
-    if let Ok(resumed) = planner.plan_after(case.epoch, &runs) {
-        let n_bins = resumed.layout().bin_offsets().len() - 1;
+    if let Ok(resumed) = dealer.deal_after(case.epoch, &runs) {
+        let n_bins = resumed.deck().bin_offsets().len() - 1;
         let mut dealt: Vec<i64> = resumed.steps().to_vec();
         dealt.sort_unstable();
         assert!(

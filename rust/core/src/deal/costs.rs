@@ -9,10 +9,10 @@ use std::str::FromStr;
 
 use rayon::prelude::*;
 
-use super::PackingKind;
 use crate::error::{Error, Result};
+use crate::packing::PackingKind;
 
-/// A cost a plan can balance or report.
+/// A cost a deal can balance or report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CostKind {
     /// Tokens the linear layers process, padding included.
