@@ -3,9 +3,9 @@
 A data pipeline packs once per process, in a process that has often allocated and freed
 a lot of memory already; what it pays is the first call, page faults included. Each round
 runs two fresh interpreters that time `np.sort` and then the first `tb.pack` of the same
-array (10M `documents` lengths capped at 8,192 in the full run), the second one after
-allocating and freeing about 2 GB; the ratio of the two times is recorded per process,
-in wall-clock and in CPU seconds.
+array (1M and 10M `documents` lengths capped at 8,192 in the full run), the second one
+after allocating and freeing about 2 GB; the ratio of the two times is recorded per
+process, in wall-clock and in CPU seconds.
 
 Full run (numbers in benches/RESULTS.md):
     TOKENBATCH_BENCH_FULL=1 pytest benches/bench_first_call.py --benchmark-enable
@@ -17,7 +17,6 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,6 @@ from conftest import FULL, sizes
 
 from tokenbatch.datasets import example_lengths
 
-N = sizes([10_000_000], [200_000])[0]
 ROUNDS = 9 if FULL else 1
 
 FIRST_CALL = """
@@ -54,16 +52,14 @@ print(json.dumps({
 """
 
 
-@pytest.fixture(scope="module")
-def lengths_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("first_call") / "lengths.npy"
-    np.save(path, example_lengths("documents", N, max_length=8192, seed=0))
-    return path
-
-
-def test_first_pack_against_sort(benchmark: Any, lengths_file: Path) -> None:
+@pytest.mark.parametrize("n", sizes([1_000_000, 10_000_000], [200_000]))
+def test_first_pack_against_sort(
+    benchmark: Any, n: int, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Each round runs one process of each history, one after the other, so that both
     see the same machine (a shared machine's load moves the ratio more than anything)."""
+    lengths_file = tmp_path_factory.mktemp("first_call") / "lengths.npy"
+    np.save(lengths_file, example_lengths("documents", n, max_length=8192, seed=0))
     timings: dict[str, list[dict[str, float]]] = {"fresh": [], "after_2gb": []}
 
     def one_process_each() -> None:
@@ -77,9 +73,9 @@ def test_first_pack_against_sort(benchmark: Any, lengths_file: Path) -> None:
             )
             results.append(json.loads(result.stdout))
 
-    benchmark.group = f"first call n={N:,}"
+    benchmark.group = f"first call n={n:,}"
     benchmark.pedantic(one_process_each, rounds=ROUNDS, iterations=1)
-    benchmark.extra_info["n"] = N
+    benchmark.extra_info["n"] = n
     for history, results in timings.items():
         ratios = [t["pack"] / t["sort"] for t in results]
         # CPU seconds (both of pack's threads) do not depend on how many cores the process

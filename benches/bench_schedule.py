@@ -143,13 +143,19 @@ def test_megatron_parse_deepseek_v3_ramp(benchmark: pytest.FixtureRequest) -> No
     assert len(schedule.pieces) == 12_289
 
 
+def _quiet_launch_plan(spec: tb.ModelSpec, tokens: int, **options: object) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        return launch_plan(spec, tokens, gpu_memory=80e9, **options)  # type: ignore[arg-type]
+
+
 def test_launch_plan_7b_2t_tokens_256_gpus(benchmark: pytest.FixtureRequest) -> None:
     spec = tb.ModelSpec.preset("mistral-7b")
+    result = benchmark(_quiet_launch_plan, spec, 2 * 10**12, num_gpus=256, seq_len=4096)
+    assert result is not None
 
-    def plan() -> object:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExtrapolationWarning)
-            return launch_plan(spec, 2 * 10**12, num_gpus=256, gpu_memory=80e9, seq_len=4096)
 
-    result = benchmark(plan)
+def test_launch_plan_8b_15t_tokens_512_gpus(benchmark: pytest.FixtureRequest) -> None:
+    spec = tb.ModelSpec.preset("llama-3.1-8b")
+    result = benchmark(_quiet_launch_plan, spec, 15 * 10**12, num_gpus=512, seq_len=8192)
     assert result is not None

@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import tokenbatch as tb
+from tokenbatch.plot import plot_launch_plan
 from tokenbatch.scaling import ExtrapolationWarning, launch_plan
 
 FIGURE = Path(__file__).resolve().parent / "launch_plan.png"
@@ -21,10 +22,8 @@ def main(path: Path = FIGURE) -> None:
     spec = tb.ModelSpec.preset("llama-3.1-8b")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
-        plan = launch_plan(
-            spec, 15 * 10**12, num_gpus=512, gpu_memory=80e9, seq_len=8192, peak_lr=3e-4
-        )
-    plan.plot(path=str(path))
+        plan = launch_plan(spec, 15 * 10**12, num_gpus=512, gpu_memory=80e9, seq_len=8192)
+    plot_launch_plan(plan, path=path)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_launch_plan_plot(tmp_path: Path) -> None:
     law = ThreeTermLaw(E=1.8, A=300.0, alpha=0.33, B=40.0, beta=0.3, C=25.0, gamma=0.4)
     plan = launch_plan(5e8, 10**11, num_gpus=8, seq_len=2048, law=law, peak_lr=1e-3)
     out = tmp_path / "plan.png"
-    figure = plan.plot(path=str(out))
+    figure = plot_launch_plan(plan, path=out)
     width, height = png_size(out)
     assert width > 1000
     assert height > 400
@@ -101,6 +101,12 @@ def test_launch_plan_plot(tmp_path: Path) -> None:
     share, chosen = loss_axes.get_lines()[0], loss_axes.get_lines()[-1]
     assert max(share.get_ydata()) == pytest.approx(100, abs=0.01)
     assert chosen.get_xdata()[0] == plan.batch_tokens
+    # The band spans the lowest to the highest batch the shipped laws give for this run.
+    band = next(p for p in ramp_axes.patches if p.get_label() == "range across the batch laws")
+    low, high = plan.batch_spread.low, plan.batch_spread.high
+    assert low < high
+    extent = band.get_path().get_extents(band.get_patch_transform())
+    assert (extent.y0, extent.y1) == pytest.approx((low, high))
     with pytest.raises(InvalidTypeError, match="LaunchPlan"):
         plot_launch_plan(plan.schedule)  # type: ignore[arg-type]
 

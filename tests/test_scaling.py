@@ -304,15 +304,24 @@ SEVEN_B = tokenbatch.ModelSpec.preset("mistral-7b")
 
 
 def _plan_7b(**options: object) -> LaunchPlan:
-    """The plan, checking that it warns about the extrapolations it lists in its notes."""
+    """The plan with Schaipp's three-term law, checking that it warns once, saying what its
+    notes say about the extrapolated laws."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plan = launch_plan(
-            SEVEN_B, 2 * 10**12, num_gpus=256, gpu_memory=80e9, seq_len=4096, **options
+            SEVEN_B,
+            2 * 10**12,
+            num_gpus=256,
+            gpu_memory=80e9,
+            seq_len=4096,
+            law="schaipp-2026",
+            **options,
         )
     warned = [str(w.message) for w in caught if issubclass(w.category, ExtrapolationWarning)]
-    assert any("Schaipp (2026)" in m and "n_params=7.24e+09" in m for m in warned)
-    assert warned == [note for note in plan.notes if "outside the range" in note]
+    extrapolated = [note for note in plan.notes if " is extrapolated: " in note]
+    assert warned == ["; ".join(extrapolated)]
+    # The laws see the non-embedding parameters: 7.24B less 2 x 32,000 x 4,096.
+    assert any("Schaipp (2026)" in note and "n_params=6.98e+09" in note for note in extrapolated)
     return plan
 
 
@@ -373,7 +382,7 @@ def test_launch_plan_for_7b_on_2t_tokens_and_256_gpus() -> None:
     assert rows["steps"].sum() == plan.steps
     assert np.all(rows["memory"] <= usable)
     # The law's numbers are all in the notes too.
-    assert any("n_params=7.24e+09" in note for note in plan.notes)
+    assert any("n_params=6.98e+09" in note for note in plan.notes)
 
 
 def test_launch_plan_explains_itself_and_scales_the_learning_rate() -> None:
@@ -431,8 +440,16 @@ def test_launch_plan_refusals() -> None:
         launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, lr_rule="bad")  # type: ignore[arg-type]
     with pytest.raises(InvalidTypeError, match="law must be"):
         launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law=3.0)  # type: ignore[arg-type]
-    with pytest.raises(InvalidValueError, match="no published three-term law"):
+    with pytest.raises(InvalidValueError, match="no published batch law 'chinchilla'"):
         launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law="chinchilla")
+    with pytest.raises(InvalidValueError, match="no published learning-rate law 'kaplan'"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, lr_law="kaplan")
+    with pytest.raises(InvalidValueError, match="either law or batch_tokens"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, law="step", batch_tokens=2**20)
+    with pytest.raises(InvalidValueError, match="either lr_law or peak_lr"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, lr_law="step", peak_lr=1e-3)
+    with pytest.raises(InvalidValueError, match="batch_tokens must be at least 1"):
+        launch_plan(5e8, 10**10, num_gpus=8, seq_len=2048, batch_tokens=0)
     big = tokenbatch.ModelSpec.preset("llama-3.1-405b")
-    with pytest.warns(ExtrapolationWarning), pytest.raises(InvalidValueError, match="no layout"):
+    with pytest.raises(InvalidValueError, match="no layout"):
         launch_plan(big, 10**12, num_gpus=8, gpu_memory=16e9, seq_len=4096)

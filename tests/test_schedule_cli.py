@@ -67,7 +67,7 @@ def test_recommend_prints_a_launch_plan(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0
     assert "Launch plan: llama-3.1-8b" in captured.out
     assert "--step-batch-size-schedule" in captured.out
-    assert "n_params=8.03e+09 is outside the range" in captured.err
+    assert "warning" not in captured.err  # the extrapolations are in the plan's notes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)
         plan = launch_plan(
@@ -92,6 +92,45 @@ def test_recommend_prints_a_launch_plan(tmp_path: Path, capsys: pytest.CaptureFi
     assert summary["dp"] == 128
     assert summary["layout"] is None
     assert sum(stage["steps"] for stage in summary["stages"]) == summary["steps"]
+
+
+def test_recommend_shows_the_spread_and_says_each_warning_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["schedule", "--recommend", "llama-3.1-8b", "--total-tokens", "15T", "--gpus", "512"]
+    assert main([*args, "--seq-len", "8192"]) == 0
+    captured = capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        plan = launch_plan(
+            ModelSpec.preset("llama-3.1-8b"),
+            15 * 10**12,
+            num_gpus=512,
+            seq_len=8192,
+            gpu_memory=80e9,
+        )
+    assert captured.out.strip() == plan.explanation()
+    assert captured.err == ""
+    for spread in (plan.batch_spread, plan.lr_spread):
+        for item in spread.estimates:
+            assert item.name in captured.out
+    assert captured.out.count("range across laws:") == 2
+    assert plan.notes
+    for note in plan.notes:
+        assert captured.out.count(note) == 1
+    assert "extrapolated" in "".join(plan.notes)
+    assert plan.peak_lr < 6e-4  # not Step Law's 1.8e-3
+    # Laws chosen, or the numbers given, on the command line.
+    extra = ["--seq-len", "8192", "--gpus", "64", "--json"]
+    count = ["schedule", "--recommend", "8B", "--total-tokens", "15T"]
+    assert main([*count, *extra, "--batch-law", "deepseek", "--lr-law", "porian"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["laws"]["batch"]["chosen"], data["laws"]["lr"]["chosen"]) == ("deepseek", "porian")
+    assert main([*count, *extra, "--batch-tokens", "16Mi", "--lr", "3e-4"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["batch_tokens"] == 16 * 2**20
+    assert data["peak_lr"] == 3e-4
+    assert data["laws"]["batch"]["reason"] == "given"
 
 
 def test_recommend_with_step_law_prints_law_and_warns(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,20 @@ def test_guide_examples_print_what_the_guide_shows() -> None:
             assert _normalize(line) in shown, f"block {number} printed {line!r}"
 
 
+def test_published_runs_table_is_the_generators() -> None:
+    module = load_script(GUIDE.parent / "gen_published_runs.py", "gen_published_runs")
+    text = GUIDE.read_text(encoding="utf-8")
+    table = module.render()
+    assert table in text, (
+        "the table of published runs is out of date: python docs/gen_published_runs.py"
+    )
+    # One row per published run, each with every law's value.
+    body = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(body) == 1 + len(module.PUBLISHED_RUNS)
+    assert all(line.count("/") >= 6 for line in body[1:])
+    assert module.main(["--check"]) == 0
+
+
 def test_launch_plan_figure_script_draws_the_guides_plan(tmp_path: Path) -> None:
     script = GUIDE.parent / "gen_launch_plan_figure.py"
     module = load_script(script, "gen_launch_plan_figure")
@@ -45,6 +59,6 @@ def test_launch_plan_figure_script_draws_the_guides_plan(tmp_path: Path) -> None
     assert (GUIDE.parent / "launch_plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = script.read_text(encoding="utf-8")
     guide = GUIDE.read_text(encoding="utf-8")
-    call = "spec, 15 * 10**12, num_gpus=512, gpu_memory=80e9, seq_len=8192, peak_lr=3e-4"
+    call = "spec, 15 * 10**12, num_gpus=512, gpu_memory=80e9, seq_len=8192)"
     assert call in text
     assert call in guide

@@ -25,7 +25,7 @@ from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.memory import MemoryEstimate
 from tokenbatch.packing import Packing
-from tokenbatch.scaling.launch import LaunchPlan
+from tokenbatch.scaling.result import LaunchPlan
 from tokenbatch.schedule import BatchSchedule, LRSchedule
 
 if TYPE_CHECKING:
@@ -202,9 +202,10 @@ def plot_launch_plan(plan: LaunchPlan, *, path: PathLikeStr | None = None) -> Fi
 
     Left, against consumed tokens (log axes): each stage's batch in tokens per step, the
     law's critical batch along the run (a stage starts where that curve reaches its batch),
-    the optimal batch for the whole budget, and each stage's learning rate on a second
-    axis. Right, for batches from 1/8 to 8 times the optimum: the share of the token
-    budget with which the optimal batch reaches the loss of that batch
+    the chosen batch for the whole budget with the range the shipped batch laws span, and
+    each stage's learning rate on a second axis. Right, for batches from 1/8 to 8 times
+    the optimum: the share of the token budget with which the optimal batch reaches the
+    loss of that batch
     (:meth:`~tokenbatch.scaling.BatchLaw.token_fraction`); the 5%-suboptimal range is
     where it stays above 95%, shaded, with the optimum and the chosen batch marked.
     """
@@ -229,11 +230,15 @@ def plot_launch_plan(plan: LaunchPlan, *, path: PathLikeStr | None = None) -> Fi
         label="critical batch of the loss reached",
     )
     ramp_axes.axhline(
-        plan.optimal_batch_tokens, color="#55A868", linestyle=":", label="optimal batch for D"
+        plan.optimal_batch_tokens, color="#55A868", linestyle=":", label="chosen batch for D"
+    )
+    spread = plan.batch_spread
+    ramp_axes.axhspan(
+        spread.low, spread.high, color="#55A868", alpha=0.1, label="range across the batch laws"
     )
     ramp_axes.set_xscale("log")
     ramp_axes.set_yscale("log")
-    ramp_axes.set_ylim(first / 2, plan.batch_tokens * 4)
+    ramp_axes.set_ylim(min(first, spread.low) / 2, max(plan.batch_tokens, spread.high) * 4)
     ramp_axes.set_xlabel("consumed tokens")
     ramp_axes.set_ylabel("global batch (tokens per step)")
     ramp_axes.set_title(

@@ -27,7 +27,9 @@ from tokenbatch.cli.units import (
 )
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.memory import ModelSpec
+from tokenbatch.plot import plot_launch_plan
 from tokenbatch.scaling import ExtrapolationWarning, Recommendation, launch_plan, recommend
+from tokenbatch.scaling.spread import BATCH_LAWS, LR_LAWS
 from tokenbatch.schedule import (
     PRESETS,
     BatchSchedule,
@@ -93,14 +95,33 @@ def register(subparsers: Any) -> None:
     source.add_argument(
         "--recommend",
         metavar="MODEL",
-        help="a launch plan from a scaling law for MODEL: a model preset, a config.json or a "
-        "parameter count (7B); with --law step or deepseek, a batch size and a ramp heuristic",
+        help="a launch plan for MODEL: a model preset, a config.json or a parameter count "
+        "(7B); with --law step or deepseek, one law's batch size and a ramp heuristic",
     )
     parser.add_argument(
         "--law",
-        choices=["three-term", "step", "deepseek"],
-        default="three-term",
-        help="the law behind --recommend (three-term: Schaipp 2026, a full launch plan)",
+        choices=["plan", "step", "deepseek"],
+        default="plan",
+        help="plan: a launch plan, every law evaluated and one chosen for batch and learning "
+        "rate; step or deepseek: that law's batch alone",
+    )
+    parser.add_argument(
+        "--batch-law",
+        choices=BATCH_LAWS,
+        default=None,
+        help="the batch law of the launch plan (default: chosen from the published runs)",
+    )
+    parser.add_argument(
+        "--lr-law",
+        choices=LR_LAWS,
+        default=None,
+        help="the learning-rate law of the launch plan (default: chosen from the published runs)",
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=count(),
+        default=None,
+        help="the launch plan's batch in tokens, given outright",
     )
     parser.add_argument("--gpus", type=count(), default=None, help="GPUs (default: --dp)")
     add_gpu_memory(parser)
@@ -233,21 +254,26 @@ def _model(text: str) -> ModelSpec | int:
 
 
 def run_launch_plan(args: argparse.Namespace) -> int:
-    """``--recommend MODEL`` with the three-term law: print the launch plan."""
+    """``--recommend MODEL`` (``--law plan``): print the launch plan.
+
+    Extrapolation warnings are not printed: the plan lists every law inside or outside its
+    fitted range, and its notes say when a chosen law extrapolates.
+    """
     if args.total_tokens is None:
         raise InvalidValueError("--recommend needs --total-tokens")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ExtrapolationWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
         plan = launch_plan(
             _model(args.recommend),
             args.total_tokens,
             num_gpus=args.gpus if args.gpus is not None else args.dp,
             seq_len=args.seq_len if args.seq_len is not None else 4096,
             gpu_memory=args.gpu_memory,
+            law=args.batch_law,
+            batch_tokens=args.batch_tokens,
+            lr_law=args.lr_law,
             peak_lr=args.lr,
         )
-    for warning in caught:
-        print(f"tokenbatch: warning: {warning.message}", file=sys.stderr)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
@@ -263,13 +289,13 @@ def run_launch_plan(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     if args.plot is not None:
         with atomic_output(args.plot) as partial:
-            plan.plot(path=str(partial))
+            plot_launch_plan(plan, path=str(partial))
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.recommend is not None and args.law == "three-term":
+    if args.recommend is not None and args.law == "plan":
         return run_launch_plan(args)
     schedule, description, advice = build_schedule(args)
     total = args.total_tokens

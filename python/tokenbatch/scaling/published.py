@@ -1,4 +1,5 @@
-"""Published scaling laws for the batch size, as data: coefficients, units, fitted ranges."""
+"""Published scaling laws for the batch size and learning rate, as data: coefficients,
+units, fitted ranges and sources."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,9 +18,13 @@ __all__ = [
     "LAWS",
     "ExtrapolationWarning",
     "LawInfo",
+    "LawPoint",
     "deepseek_llm",
     "kaplan_critical_batch",
+    "kaplan_loss",
+    "law_values",
     "mccandlish_tradeoff",
+    "porian_law",
     "step_law",
 ]
 
@@ -46,20 +52,28 @@ class LawInfo:
     """Where the numbers come from, and what could not be checked."""
     derived: dict[str, str] = field(default_factory=dict)
     """Coefficients that are not read from the source but derived, and how."""
+    mixture_of_experts: bool = False
+    """Whether the source fitted or checked the law on mixture-of-experts models too."""
+
+    def out_of_range(self, **values: float) -> list[tuple[str, float, float, float]]:
+        """``(variable, value, low, high)`` for each value outside its fitted range."""
+        ranges = ((name, value, *self.validity[name]) for name, value in values.items())
+        return [item for item in ranges if not item[2] <= item[1] <= item[3]]
+
+    def outside(self, **values: float) -> list[str]:
+        """One message for each value outside the range the law was fitted on."""
+        return [
+            f"{self.name}: {name}={value:.3g} is outside the range the law was fitted on "
+            f"({low:.3g} to {high:.3g}); the result is an extrapolation"
+            for name, value, low, high in self.out_of_range(**values)
+        ]
 
     def check(self, **values: float) -> list[str]:
         """Warn (:class:`ExtrapolationWarning`) for each value outside its fitted range.
 
-        Returns the warning messages.
+        Returns the warning messages (those of :meth:`outside`).
         """
-        messages = []
-        for name, value in values.items():
-            low, high = self.validity[name]
-            if not low <= value <= high:
-                messages.append(
-                    f"{self.name}: {name}={value:.3g} is outside the range the law was fitted "
-                    f"on ({low:.3g} to {high:.3g}); the result is an extrapolation"
-                )
+        messages = self.outside(**values)
         for message in messages:
             warnings.warn(message, ExtrapolationWarning, stacklevel=3)
         return messages
@@ -113,6 +127,11 @@ LAWS: dict[str, LawInfo] = {
             "B_opt": "global batch in tokens",
         },
         validity={"n_params": (6e7, 1.1e9), "tokens": (2e9, 1.1e11)},
+        runs=3700,
+        source="Eq. 8 of the paper (arXiv:2503.04715v7): grid searches over learning rate and "
+        "batch for about 3,700 runs of 60M to 1B non-embedding parameters; the abstract "
+        "reports that the law holds for mixture-of-experts models and other data recipes.",
+        mixture_of_experts=True,
     ),
     "deepseek": LawInfo(
         name="DeepSeek LLM (2024)",
@@ -132,17 +151,51 @@ LAWS: dict[str, LawInfo] = {
             "B_opt": "global batch in tokens",
         },
         validity={"compute": (1e17, 2e19)},
+        source="Eq. 1 of the paper (section 3.1): fitted on runs with compute budgets of 1e17 "
+        "to 2e19 FLOPs (near-optimal runs within 0.25% of the best loss), validated at 1e20.",
+    ),
+    "porian": LawInfo(
+        name="Porian et al. (2024)",
+        reference="Porian et al., Resolving Discrepancies in Compute-Optimal Scaling of "
+        "Language Models, arXiv:2406.19146",
+        formula="B_opt = 0.7576 N^0.703, lr_opt = 3.7 N^-0.36",
+        coefficients={
+            "batch_coefficient": 0.7576,
+            "batch_exponent": 0.703,
+            "lr_coefficient": 3.7,
+            "lr_exponent": -0.36,
+        },
+        units={"N": "parameters (the paper counts the output layer)", "B_opt": "tokens"},
+        validity={"n_params": (5e6, 9.01e8)},
+        source="As tabulated in the Step Law paper (arXiv:2503.04715, Table 1), which quotes "
+        "the batch as 0.00037 N^0.703 sequences of 2,048 tokens; the paper's runs span 5M to "
+        "901M parameters on compute-optimal budgets (about 20 tokens per parameter), so a run "
+        "with many more tokens per parameter is an extrapolation even inside that range.",
     ),
     "kaplan": LawInfo(
         name="Kaplan et al. (2020) critical batch",
         reference="Kaplan et al., Scaling Laws for Neural Language Models, arXiv:2001.08361",
-        formula="B_crit(L) = B* / L^(1/alpha_B)",
-        coefficients={"B_star": 2e8, "alpha_B": 0.21},
+        formula="B_crit(L) = B* / L^(1/alpha_B), L(N, D) = ((N_c/N)^(alpha_N/alpha_D) + "
+        "D_c/D)^alpha_D",
+        coefficients={
+            "B_star": 2e8,
+            "alpha_B": 0.21,
+            "alpha_N": 0.076,
+            "alpha_D": 0.103,
+            "N_c": 6.4e13,
+            "D_c": 1.8e13,
+        },
         units={
             "L": "loss in nats per token (their WebText2 tokenizer)",
+            "N": "non-embedding parameters",
+            "D": "training tokens",
             "B_crit": "global batch in tokens",
         },
-        validity={"loss": (2.5, 6.0)},
+        validity={"loss": (2.5, 6.0), "n_params": (768.0, 1.5e9), "tokens": (2.2e7, 2.3e10)},
+        source="Eq. 5.3 (B* about 2e8 tokens, alpha_B about 0.21), evaluated at the loss of "
+        "Eq. 1.5 with Table 2's fit (alpha_N 0.076, alpha_D 0.103, N_c 6.4e13, D_c 1.8e13), "
+        "fitted on 768 to 1.5e9 non-embedding parameters and 2.2e7 to 2.3e10 tokens. It is "
+        "the batch beyond which larger batches buy little, not a loss-optimal batch.",
     ),
 }
 """The published laws this module implements, by name."""
@@ -173,6 +226,58 @@ def positive_float(value: object, name: str) -> float:
     return number
 
 
+class LawPoint(NamedTuple):
+    """A published law at one scale (see :func:`law_values`)."""
+
+    inputs: dict[str, float]
+    """The variables of the law's fitted range (keys of its ``validity``) at that scale."""
+    batch: float
+    """The law's batch in tokens."""
+    lr: float | None
+    """Its learning rate at that batch, ``None`` for a law of the batch alone."""
+
+    def rate(self) -> float:
+        """The learning rate, or an error for a law of the batch alone."""
+        if self.lr is None:
+            raise InvalidValueError("this law gives no learning rate")
+        return self.lr
+
+
+def law_values(name: str, *, n_params: float, tokens: float, compute: float) -> LawPoint:
+    """A published law at one scale, without range checks.
+
+    Every law gives a batch in tokens; Step Law, DeepSeek LLM's and Porian et al.'s also a
+    learning rate at that batch. ``n_params`` counts non-embedding
+    parameters, ``compute`` is ``M D`` (DeepSeek LLM's non-embedding FLOPs per token
+    times tokens).
+    """
+    if name not in LAWS:
+        raise InvalidValueError(f"no published law {name!r}; known: {sorted(LAWS)}")
+    k = LAWS[name].coefficients
+    n, d = n_params, tokens
+    if name == "schaipp-2026":
+        return LawPoint(
+            {"n_params": n, "tokens": d}, k["batch_coefficient"] * d ** k["batch_exponent"], None
+        )
+    if name == "step":
+        batch = k["batch_coefficient"] * d ** k["batch_exponent"]
+        rate = k["lr_coefficient"] * n ** k["lr_n_exponent"] * d ** k["lr_d_exponent"]
+        return LawPoint({"n_params": n, "tokens": d}, batch, rate)
+    if name == "deepseek":
+        batch = k["batch_coefficient"] * compute ** k["batch_exponent"]
+        return LawPoint(
+            {"compute": compute}, batch, k["lr_coefficient"] * compute ** k["lr_exponent"]
+        )
+    if name == "porian":
+        batch = k["batch_coefficient"] * n ** k["batch_exponent"]
+        return LawPoint({"n_params": n}, batch, k["lr_coefficient"] * n ** k["lr_exponent"])
+    if name == "kaplan":
+        loss = ((k["N_c"] / n) ** (k["alpha_N"] / k["alpha_D"]) + k["D_c"] / d) ** k["alpha_D"]
+        batch = k["B_star"] / loss ** (1 / k["alpha_B"])
+        return LawPoint({"n_params": n, "tokens": d, "loss": loss}, batch, None)
+    raise InvalidValueError(f"{name!r} has no formula here")
+
+
 def deepseek_llm(compute: float) -> tuple[float, float]:
     """DeepSeek LLM's optimal ``(batch in tokens, learning rate)`` for ``compute`` FLOPs.
 
@@ -181,12 +286,9 @@ def deepseek_llm(compute: float) -> tuple[float, float]:
     Warns (:class:`ExtrapolationWarning`) outside the compute range it was fitted on.
     """
     c = positive_float(compute, "compute")
-    info = LAWS["deepseek"]
-    info.check(compute=c)
-    k = info.coefficients
-    return k["batch_coefficient"] * c ** k["batch_exponent"], k["lr_coefficient"] * c ** k[
-        "lr_exponent"
-    ]
+    LAWS["deepseek"].check(compute=c)
+    point = law_values("deepseek", n_params=1.0, tokens=1.0, compute=c)
+    return point.batch, point.rate()
 
 
 def step_law(n_params: float, tokens: float) -> tuple[float, float]:
@@ -197,12 +299,34 @@ def step_law(n_params: float, tokens: float) -> tuple[float, float]:
     """
     n = positive_float(n_params, "n_params")
     d = positive_float(tokens, "tokens")
-    info = LAWS["step"]
-    info.check(n_params=n, tokens=d)
-    k = info.coefficients
-    batch = k["batch_coefficient"] * d ** k["batch_exponent"]
-    rate = k["lr_coefficient"] * n ** k["lr_n_exponent"] * d ** k["lr_d_exponent"]
-    return batch, rate
+    LAWS["step"].check(n_params=n, tokens=d)
+    point = law_values("step", n_params=n, tokens=d, compute=6 * n * d)
+    return point.batch, point.rate()
+
+
+def porian_law(n_params: float) -> tuple[float, float]:
+    """Porian et al.'s optimal ``(batch in tokens, learning rate)`` for ``n_params``.
+
+    ``B_opt = 0.7576 N^0.703`` tokens and ``lr_opt = 3.7 N^-0.36``, fitted along
+    compute-optimal budgets. Warns outside the model sizes it was fitted on.
+    """
+    n = positive_float(n_params, "n_params")
+    LAWS["porian"].check(n_params=n)
+    point = law_values("porian", n_params=n, tokens=1.0, compute=1.0)
+    return point.batch, point.rate()
+
+
+def kaplan_loss(n_params: float, tokens: float) -> float:
+    """Kaplan et al.'s loss ``L(N, D)`` in nats per token (Eq. 1.5, Table 2).
+
+    ``((N_c / N)^(alpha_N / alpha_D) + D_c / D)^alpha_D``, ``N`` non-embedding
+    parameters, ``D`` tokens; in their tokenizer's nats, so only the input of their own
+    critical batch (:func:`kaplan_critical_batch`). Warns outside the data it was fitted on.
+    """
+    n = positive_float(n_params, "n_params")
+    d = positive_float(tokens, "tokens")
+    LAWS["kaplan"].check(n_params=n, tokens=d)
+    return law_values("kaplan", n_params=n, tokens=d, compute=6 * n * d).inputs["loss"]
 
 
 def kaplan_critical_batch(loss: float) -> float:

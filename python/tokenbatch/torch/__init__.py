@@ -1,6 +1,7 @@
 """PyTorch integration: a token-budget batch sampler for distributed training, the
-collators that turn its batches into padding-free or padded tensors, and a streaming
-dataset that packs a stream of unknown length.
+collators that turn its batches into padding-free or padded tensors (also of preference
+pairs and of vision-language documents), and a streaming dataset that packs a stream of
+unknown length.
 
 ::
 
@@ -19,22 +20,37 @@ from __future__ import annotations
 from tokenbatch.torch.collate import PackedCollator, PaddedCollator
 from tokenbatch.torch.context_parallel import ContextParallelCollator, shard_batch, unshard
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
+from tokenbatch.torch.preference import (
+    IncompletePairError,
+    PreferenceCollator,
+    dpo_loss,
+    pair_lengths,
+    sequence_logps,
+)
 from tokenbatch.torch.sampler import BatchIndices, TokenBudgetBatchSampler
 from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
 from tokenbatch.torch.streaming import StreamingDataset
 from tokenbatch.torch.sync import stop_together
+from tokenbatch.torch.vision import VisionLanguageCollator, mrope_position_ids
 
 __all__ = [
     "BatchIndices",
     "ContextParallelCollator",
+    "IncompletePairError",
     "OptimizerSteps",
     "PackedCollator",
     "PaddedCollator",
+    "PreferenceCollator",
     "SegmentDataset",
     "StreamingDataset",
     "TokenBudgetBatchSampler",
+    "VisionLanguageCollator",
+    "dpo_loss",
+    "mrope_position_ids",
     "optimizer_steps",
+    "pair_lengths",
     "sequence_lengths",
+    "sequence_logps",
     "shard_batch",
     "stop_together",
     "unshard",

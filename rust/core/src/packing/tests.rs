@@ -374,3 +374,87 @@ proptest! {
         prop_assert_eq!(&counted, &pack(&input, &opts).unwrap());
     }
 }
+
+#[test]
+fn bins_whose_segments_share_a_token_are_refused() {
+    // Rebuilt bins (an unpickled packing) with two segments over the same tokens passed
+    // validation, and a deal dealt those tokens twice. Found by the `deal` fuzz target.
+    let bins = |indices: Vec<i64>, starts: Vec<i64>, lengths: Vec<i64>| {
+        let n = indices.len() as i64;
+        Bins {
+            packing: Packing {
+                bin_offsets: vec![0, n],
+                indices,
+                starts: Some(starts),
+                lengths,
+                bin_tokens: vec![0],
+                counts: PolicyCounts::default(),
+                segment_cost: 0,
+            },
+            max_tokens: 65_406,
+            n_seqs: 142,
+            kind: PackingKind::Packed,
+            lower_bound: 0,
+        }
+    };
+    let refused = |b: Bins| b.validate().unwrap_err().to_string();
+    // The fuzz target's case: pieces of sequence 131 at the same start.
+    let error = refused(bins(vec![131, 131], vec![131, 131], vec![33_725, 27]));
+    assert!(
+        error.contains("segments 0 and 1 both hold tokens of sequence 131"),
+        "{error}"
+    );
+    // A piece that runs into the next one; a sequence placed whole twice (the unsplit path).
+    assert!(
+        refused(bins(vec![5, 7, 5], vec![10, 0, 0], vec![4, 3, 11])).contains("segments 0 and 2")
+    );
+    assert!(refused(bins(vec![5, 7, 5], vec![0, 0, 0], vec![4, 3, 4])).contains("segments 0 and 2"));
+    // Pieces that touch, and empty segments, are fine.
+    bins(vec![5, 5, 7, 7], vec![0, 4, 0, 0], vec![4, 9, 3, 0])
+        .validate()
+        .unwrap();
+    bins(vec![5, 7, 7], vec![0, 0, 0], vec![4, 3, 0])
+        .validate()
+        .unwrap();
+}
+
+#[test]
+fn rebuilt_bins_over_their_budget_are_refused() {
+    // Rebuilt bins (an unpickled packing) whose segments each fit the budget but not
+    // together passed validation, and a deal dealt a bin over it. Found by the `deal`
+    // fuzz target: three segments of 73, 73 and 34,952 tokens in one bin of 34,952.
+    let bins = |lengths: Vec<i64>| Bins {
+        packing: Packing {
+            bin_offsets: vec![0, 3],
+            indices: vec![73, 61, 73],
+            starts: Some(vec![0, 73, 136]),
+            lengths,
+            bin_tokens: vec![0],
+            counts: PolicyCounts::default(),
+            segment_cost: 0,
+        },
+        max_tokens: 34_952,
+        n_seqs: 136,
+        kind: PackingKind::Packed,
+        lower_bound: 0,
+    };
+    let error = bins(vec![73, 73, 34_952])
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("bin 0 holds 35098 tokens, more than max_tokens=34952"),
+        "{error}"
+    );
+    // Exactly the budget is fine, and so are huge lengths that overflow a sum in i64.
+    bins(vec![73, 73, 34_806]).validate().unwrap();
+    let huge = Bins {
+        max_tokens: i64::MAX as u64,
+        ..bins(vec![i64::MAX, i64::MAX, 0])
+    };
+    assert!(huge
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("more than"));
+}
