@@ -342,8 +342,9 @@ pub fn reference(lengths: &[i64], options: &PackOptions, padded_batches: bool) -
         packing.segment_cost += tokens;
         packing.bin_tokens.push(tokens as i64);
     }
-    // The core keeps offsets only under the policy that splits sequences.
-    packing.starts = (options.oversize == Oversize::Split).then_some(starts);
+    // The core keeps offsets only when some sequence was split (a piece after the first
+    // starts past 0); otherwise every offset is 0 and there is no array.
+    packing.starts = starts.iter().any(|&start| start != 0).then_some(starts);
     if let Some(batch_cost) = padded_cost {
         packing.bin_tokens = batch_cost.iter().map(|&c| c as i64).collect();
     }
