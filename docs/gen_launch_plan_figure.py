@@ -1,4 +1,4 @@
-"""Draw docs/launch_plan.png, the figure of the launch-plan guide in docs/schedules.md.
+"""Draw docs/launch_plan.png, the figure of the launch-plan guide in docs/scaling.md.
 
     python docs/gen_launch_plan_figure.py [output.png]
 

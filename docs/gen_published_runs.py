@@ -1,8 +1,8 @@
-"""Write the table of published runs in docs/schedules.md: for each run of
+"""Write the table of published runs in docs/scaling.md: for each run of
 ``tokenbatch.scaling.PUBLISHED_RUNS``, what it used, what every shipped law gives for it
 and what the launch plan's default would have chosen.
 
-    python docs/gen_published_runs.py          # rewrite the table in docs/schedules.md
+    python docs/gen_published_runs.py          # rewrite the table in docs/scaling.md
     python docs/gen_published_runs.py --check  # exit 1 if the table is out of date
 
 The tests compare the guide's table with :func:`render` and check the defaults against
@@ -19,7 +19,7 @@ from pathlib import Path
 from tokenbatch.scaling import PUBLISHED_RUNS, ExtrapolationWarning, PublishedRun, launch_plan
 from tokenbatch.scaling.spread import RunScale, Spread, choose
 
-GUIDE = Path(__file__).resolve().parent / "schedules.md"
+GUIDE = Path(__file__).resolve().parent / "scaling.md"
 BEGIN = "<!-- published runs: begin (python docs/gen_published_runs.py) -->"
 END = "<!-- published runs: end -->"
 PLAN_GPUS = 8
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     updated = _replace(text, render())
     if "--check" in argv:
         if updated != text:
-            print("the table of published runs in docs/schedules.md is out of date")
+            print("the table of published runs in docs/scaling.md is out of date")
             return 1
         return 0
     GUIDE.write_text(updated, encoding="utf-8")

@@ -1,4 +1,5 @@
-"""The examples of docs/schedules.md run and print what the guide says they print."""
+"""The examples of docs/schedules.md and docs/scaling.md run and print what the guides say
+they print."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 from script_module import load_script
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "schedules.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+SCHEDULES = DOCS / "schedules.md"
+GUIDE = DOCS / "scaling.md"
 
 
 def _normalize(text: str) -> str:
@@ -18,18 +21,23 @@ def _normalize(text: str) -> str:
 
 
 def test_guide_examples_print_what_the_guide_shows() -> None:
-    text = GUIDE.read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    blocks = [
+        (guide.name, block)
+        for guide in (SCHEDULES, GUIDE)
+        for block in re.findall(
+            r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), flags=re.DOTALL
+        )
+    ]
     assert len(blocks) >= 10
     namespace: dict[str, object] = {}
-    for number, block in enumerate(blocks):
+    for number, (name, block) in enumerate(blocks):
         shown = _normalize(
             " ".join(line[2:] for line in block.splitlines() if line.startswith("# "))
         )
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # extrapolation warnings are part of the examples
-            exec(compile(block, f"{GUIDE.name} block {number}", "exec"), namespace)
+            exec(compile(block, f"{name} block {number}", "exec"), namespace)
         for line in printed.getvalue().splitlines():
             assert _normalize(line) in shown, f"block {number} printed {line!r}"
 

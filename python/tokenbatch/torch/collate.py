@@ -10,23 +10,12 @@ import numpy.typing as npt
 import torch
 
 from tokenbatch._convert import as_bool, as_choice, as_int
-from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
-from tokenbatch.torch.data import _tokens
+from tokenbatch.errors import InvalidValueError, TokenBatchOverflowError
+from tokenbatch.torch._items import as_int64, cumulative, item_tokens
 
 __all__ = ["PackedCollator", "PaddedCollator"]
 
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-def _as_int64(values: Any, name: str) -> npt.NDArray[np.int64]:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    array = np.asarray(values)
-    if array.ndim != 1:
-        raise InvalidTypeError(f"{name} must be one-dimensional, got shape {array.shape}")
-    if array.size and array.dtype.kind not in "iu":
-        raise InvalidTypeError(f"{name} must hold integers, got dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
 
 
 def _read_items(
@@ -35,10 +24,12 @@ def _read_items(
     ids: list[npt.NDArray[np.int64]] = []
     labels: list[npt.NDArray[np.int64] | None] = []
     for position, item in enumerate(items):
-        tokens = _as_int64(_tokens(item, input_key, position), f"items[{position}][{input_key!r}]")
+        tokens = as_int64(
+            item_tokens(item, input_key, position), f"items[{position}][{input_key!r}]"
+        )
         ids.append(tokens)
         if isinstance(item, Mapping) and item.get(labels_key) is not None:
-            item_labels = _as_int64(item[labels_key], f"items[{position}][{labels_key!r}]")
+            item_labels = as_int64(item[labels_key], f"items[{position}][{labels_key!r}]")
             if len(item_labels) != len(tokens):
                 raise InvalidValueError(
                     f"items[{position}] has {len(tokens)} {input_key} but "
@@ -128,8 +119,8 @@ class PackedCollator:
         if row_padding:
             lens = np.append(lens, row_padding)
             padded = np.append(padded, row_padding)
-        cu = _cumulative(lens)
-        cu_padded = _cumulative(padded)
+        cu = cumulative(lens)
+        cu_padded = cumulative(padded)
         n_tokens = int(cu_padded[-1])
         if n_tokens > _INT32_MAX:
             raise TokenBatchOverflowError(
@@ -165,12 +156,6 @@ class PackedCollator:
             seq_idx = np.repeat(np.arange(len(padded), dtype=np.int32), padded)
             batch["seq_idx"] = torch.from_numpy(seq_idx).view(1, n_tokens)
         return batch
-
-
-def _cumulative(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
 
 
 class PaddedCollator:

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 from tokenbatch.distribute import Segment
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.torch._items import item_tokens
 
 __all__ = ["SegmentDataset", "sequence_lengths"]
 
@@ -22,7 +23,7 @@ def sequence_lengths(dataset: Any, key: str = "input_ids") -> npt.NDArray[np.int
     lengths (a column, an index file) should pass those to the sampler instead.
     """
     return np.fromiter(
-        (len(_tokens(dataset[i], key, i)) for i in range(len(dataset))),
+        (len(item_tokens(dataset[i], key, i)) for i in range(len(dataset))),
         dtype=np.int64,
         count=len(dataset),
     )
@@ -77,11 +78,3 @@ def _cut(values: Any, start: int, stop: int, key: str, position: int) -> Any:
             f"tokens {start}:{stop}; the lengths given to the sampler do not match the dataset"
         )
     return values[start:stop]
-
-
-def _tokens(item: Any, key: str, position: int) -> Any:
-    if isinstance(item, Mapping):
-        if key not in item:
-            raise InvalidValueError(f"dataset item {position} has no {key!r} field")
-        return item[key]
-    return item

@@ -28,8 +28,9 @@ import torch
 
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.torch._items import as_int64
 from tokenbatch.torch._row import row_collator
-from tokenbatch.torch.collate import PackedCollator, _as_int64
+from tokenbatch.torch.collate import PackedCollator
 
 __all__ = [
     "IncompletePairError",
@@ -243,7 +244,7 @@ class PreferenceCollator:
 
     @staticmethod
     def _tokens(values: Any, position: int, key: str) -> npt.NDArray[np.int64]:
-        return _as_int64(values, f"items[{position}][{key!r}]")
+        return as_int64(values, f"items[{position}][{key!r}]")
 
     @staticmethod
     def _non_empty(tokens: npt.NDArray[np.int64], position: int, key: str) -> None:
@@ -354,7 +355,7 @@ def sequence_logps(
     n_tokens = labels.shape[0]
     if logits.shape[0] != n_tokens:
         raise InvalidValueError(f"logits hold {logits.shape[0]} tokens, labels {n_tokens}")
-    offsets = torch.as_tensor(_as_int64(cu_seqlens, "cu_seqlens"), device=labels.device)
+    offsets = torch.as_tensor(as_int64(cu_seqlens, "cu_seqlens"), device=labels.device)
     if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != n_tokens:
         raise InvalidValueError(
             f"cu_seqlens must run from 0 to the row's {n_tokens} tokens, got {offsets.tolist()}"

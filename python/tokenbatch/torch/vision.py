@@ -18,8 +18,9 @@ import torch
 
 from tokenbatch._convert import as_choice, as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.torch._items import as_int64, cumulative
 from tokenbatch.torch._row import row_collator
-from tokenbatch.torch.collate import PackedCollator, _as_int64, _cumulative
+from tokenbatch.torch.collate import PackedCollator
 
 __all__ = ["VisionLanguageCollator", "mrope_position_ids"]
 
@@ -90,13 +91,13 @@ def mrope_position_ids(
             image whose tokens are not consecutive or cross a document boundary, grid
             sizes that do not divide by the merge.
     """
-    ids = _as_int64(
+    ids = as_int64(
         input_ids.reshape(-1) if isinstance(input_ids, torch.Tensor) else np.ravel(input_ids),
         "input_ids",
     )
     merge = as_int(spatial_merge_size, "spatial_merge_size", minimum=1)
     grid = _grids(image_grid_thw, "image_grid_thw")
-    offsets = _as_int64(cu_seqlens, "cu_seqlens")
+    offsets = as_int64(cu_seqlens, "cu_seqlens")
     n_tokens = len(ids)
     if (
         len(offsets) == 0
@@ -115,7 +116,7 @@ def mrope_position_ids(
             f"{len(grid)} image grids make {int(per_image.sum())}"
         )
     document = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    starts = _cumulative(per_image)[:-1]
+    starts = cumulative(per_image)[:-1]
     ends = starts + per_image - 1
     first, last = placeholders[starts], placeholders[ends]
     broken = np.flatnonzero(last - first != per_image - 1)
@@ -135,7 +136,7 @@ def mrope_position_ids(
     advance = np.ones(n_tokens, dtype=np.int64)
     advance[placeholders] = 0
     advance[last] = np.maximum(height, width)
-    before = _cumulative(advance)
+    before = cumulative(advance)
     base = before[:-1] - before[offsets[:-1]][document]
     positions = np.repeat(base[None, :], 3, axis=0)
     local = np.arange(len(placeholders), dtype=np.int64) - np.repeat(starts, per_image)
@@ -253,12 +254,12 @@ class VisionLanguageCollator:
         collator = self.collator
         if collator.input_key not in item:
             raise InvalidValueError(f"items[{position}] has no {collator.input_key!r} field")
-        tokens = _as_int64(item[collator.input_key], f"items[{position}][{collator.input_key!r}]")
+        tokens = as_int64(item[collator.input_key], f"items[{position}][{collator.input_key!r}]")
         labels = item.get(collator.labels_key)
         labels = (
             tokens.copy()
             if labels is None
-            else _as_int64(labels, f"items[{position}][{collator.labels_key!r}]").copy()
+            else as_int64(labels, f"items[{position}][{collator.labels_key!r}]").copy()
         )
         if len(labels) != len(tokens):
             raise InvalidValueError(

@@ -60,10 +60,8 @@ where
         ))
     })?;
     // Written once, straight from the source: no zeroing pass over fresh memory. Not
-    // advised for huge pages: on a machine whose free memory is fragmented, the kernel
-    // compacts memory on each 2 MiB fault, which made a first 500 MB gather take 0.3-0.7 s
-    // against 0.2 s with 4 KiB pages (later calls were 0.1 s with huge pages). One
-    // gather per process is the common case, so predictable wins.
+    // advised for huge pages: where free memory is fragmented the kernel compacts memory
+    // on each 2 MiB fault, which makes the first call, the common one, slow and uneven.
     // Blocks of whole segments, each owning its part of the output.
     let mut blocks = Vec::new();
     let mut rest = &mut out.spare_capacity_mut()[..total];

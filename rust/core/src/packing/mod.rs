@@ -103,8 +103,8 @@ pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<P
 /// for their page faults to matter, the outputs are made after and mapped as the layout
 /// writes them.
 ///
-/// Kept because it pays: the first `pack` of 1M sequences in a fresh process takes 13-16%
-/// less wall time than with the outputs made after (benches/RESULTS.md, first call).
+/// Kept because it pays: a build that makes the outputs after spends 17-25% more CPU time
+/// on warm `pack` and `batch_padded` of 1M lengths (benches/RESULTS.md, low-level tricks).
 fn with_outputs<A: Send>(
     segments: &Segments,
     assign: impl FnOnce() -> A + Send,
