@@ -13,11 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from script_module import load_script
 
 from tokenbatch import ModelSpec, plan
-from tokenbatch.memory import PlannedLayout
-from tokenbatch.memory.steptime import TIME_PARTS
+from tokenbatch.memory import HARDWARE, PlannedLayout
+from tokenbatch.memory.estimate import scalar_inputs
+from tokenbatch.memory.steptime import TIME_PARTS, step_time
 from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD, MATMUL_EFFICIENCY
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -128,3 +131,48 @@ def test_a_faster_memory_speeds_the_element_wise_parts() -> None:
     fast = plan(spec, hardware="h200", **kwargs)[0]
     assert fast.time_parts["elementwise"] < slow.time_parts["elementwise"]
     assert fast.step_time < slow.step_time
+
+
+@pytest.fixture(scope="module")
+def small_run(generator: Any) -> tuple[Any, dict[str, Any]]:
+    run = generator.runs()[1]
+    return run, generator._columns(run.spec, run.candidates())
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    efficiency=st.floats(0.2, 0.9),
+    faster=st.floats(1.0, 1.5),
+    overhead=st.floats(0.0, 1e-3),
+    more=st.floats(0.0, 1e-3),
+    tax=st.floats(0.0, 0.5),
+)
+def test_every_constant_moves_the_step_time_one_way(
+    small_run: tuple[Any, dict[str, Any]],
+    efficiency: float,
+    faster: float,
+    overhead: float,
+    more: float,
+    tax: float,
+) -> None:
+    run, columns = small_run
+
+    def times(efficiency: float, overhead: float, tax: float) -> Any:
+        parts = step_time(
+            run.spec,
+            columns,
+            hw=HARDWARE[run.gpu],
+            seq_len=run.seq_len,
+            efficiency=efficiency,
+            inputs=scalar_inputs(run.options()),
+            layer_pass_overhead=overhead,
+            overlap_tax=tax,
+        )
+        assert all((parts[part] >= 0).all() for part in TIME_PARTS)
+        np.testing.assert_allclose(sum(parts[part] for part in TIME_PARTS), parts["total"])
+        return parts["total"]
+
+    base = times(efficiency, overhead, tax)
+    assert (times(min(1.0, efficiency * faster), overhead, tax) <= base * (1 + 1e-12)).all()
+    assert (times(efficiency, overhead + more, tax) >= base * (1 - 1e-12)).all()
+    assert (times(efficiency, overhead, tax + 0.1) >= base * (1 - 1e-12)).all()
