@@ -36,6 +36,7 @@ from tokenbatch.memory.hardware import Hardware, positive_number
 from tokenbatch.memory.recompute import recompute_name
 from tokenbatch.memory.spec import ModelSpec
 from tokenbatch.memory.steptime import TIME_PARTS, step_time
+from tokenbatch.memory.steptime_fit import MATMUL_EFFICIENCY
 
 __all__ = ["PlannedLayout", "plan"]
 
@@ -48,6 +49,9 @@ _VPP = (1, 2, 4, 8)
 
 _PART_TEXT = {
     "compute": "matmuls and attention, forward, backward and recomputation (roofline)",
+    "elementwise": "norms, activations, residual adds and the loss, at HBM bandwidth",
+    "overhead": "kernel launches and synchronizations, per layer pass",
+    "optimizer": "the optimizer step over the local shard, at HBM bandwidth",
     "bubble": "pipeline fill and drain: (pp - 1) / vpp micro-batch times",
     "tp_comm": "tensor-parallel all-gathers and reduce-scatters, 8 per layer (12 recomputed)",
     "cp_comm": "context-parallel key/value ring not hidden by the attention core",
@@ -304,7 +308,7 @@ def plan(
     hardware: str | Hardware = "h100",
     gpus_per_node: int | None = None,
     peak_flops: float | None = None,
-    compute_efficiency: float = 0.6,
+    compute_efficiency: float = MATMUL_EFFICIENCY,
     intra_node_bandwidth: float | None = None,
     inter_node_bandwidth: float | None = None,
     usable_fraction: float = 0.9,

@@ -1,7 +1,9 @@
 """The planner's step-time model: seconds per optimizer step of a parallel layout.
 
 Vectorized over candidate layouts (every argument in ``c`` is an array). Standard formulas
-on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`), nothing fitted:
+on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`) and two
+constants fitted once on 19 published runs (:mod:`tokenbatch.memory.steptime_fit`: the
+efficiency large matmuls reach, the planner's default, and a fixed cost per layer pass):
 
 * **Matmuls** (roofline, Williams et al. 2009): a matmul of ``W`` weights over ``M``
   tokens takes ``max(2 W M / (peak x efficiency), W x weight_bytes / HBM bandwidth)``
@@ -10,7 +12,20 @@ on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`), noth
   fewer than about ``peak x efficiency x weight_bytes / (2 x HBM bandwidth)`` tokens (about
   220 on an H100 in BF16) is bound by reading its weights. FP8 linear layers (``fp8``) run
   at the FP8 peak and read 1-byte weights. Routed experts get ``k x ep / E`` times a rank's
-  tokens each (times the capacity factor when inputs are padded to capacity).
+  tokens each (times the capacity factor when inputs are padded to capacity). Each pass
+  also reads its inputs and writes its outputs at the HBM bandwidth, ``M (K + N)``
+  elements for a ``K x N`` matrix, which is what makes narrow or short matmuls reach less
+  of the peak than large ones.
+* **Element-wise kernels** (memory-bound): per layer, the two norms and two residual adds
+  (10 passes over hidden-size tensors, split by sequence parallelism), rotary embeddings
+  and the MLP activation, read and written at the HBM bandwidth forward, twice that
+  backward, once more with full recomputation; eager attention (``attention="eager"``)
+  also computes masked scores and moves the ``s x s`` scores through softmax and dropout.
+  The loss reads the logits and writes their gradient on the last stage.
+* **Overhead**: a fixed cost per pass (forward or backward) of a layer over a micro-batch
+  (kernel launches and synchronizations), fitted.
+* **Optimizer**: Adam over the local shard (the stage's weights, over ``dp x cp`` with
+  ZeRO), reading gradients, master weights and moments and writing them back.
 * **Attention core**: causal attention over the whole sequence, ``s a (dq + dv)`` FLOPs per
   token forward and twice that backward, at the BF16 peak times ``efficiency``.
 * **Recomputation**: full recomputation repeats each layer's forward pass, selective the
@@ -55,9 +70,11 @@ on stated hardware figures (:class:`~tokenbatch.memory.hardware.Hardware`), noth
   pipeline stages, as Megatron-LM does; a group whose ranks share a node talks at the
   intra-node bandwidth, one that spans nodes at the network's.
 
-Not modelled: element-wise kernels (norms, activations, rotary embeddings), kernel
-launch overheads, the optimizer update, load imbalance between experts beyond a capacity
-factor, congestion, and overlap of tensor-parallel or pipeline communication.
+Data-parallel collectives hidden behind compute still cost ``OVERLAP_TAX`` (0.2) of the
+time they hide: their kernels take streaming multiprocessors and HBM bandwidth from it.
+
+Not modelled: load imbalance between experts beyond a capacity factor, congestion, and
+overlap of tensor-parallel or pipeline communication.
 """
 
 from __future__ import annotations
@@ -72,18 +89,38 @@ from tokenbatch import _core
 from tokenbatch.memory.hardware import Hardware
 from tokenbatch.memory.recompute import RECOMPUTE_MODULES
 from tokenbatch.memory.spec import ModelSpec
+from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD
 
 __all__ = ["TIME_PARTS", "step_time"]
 
 _F64 = npt.NDArray[np.float64]
 
 #: The parts of a step's time, in the order :func:`step_time` reports them.
-TIME_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
+TIME_PARTS = (
+    "compute",
+    "elementwise",
+    "overhead",
+    "optimizer",
+    "bubble",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "pp_comm",
+    "dp_comm",
+)
+
+# Element-wise passes of one layer's forward, in tensors of the hidden size per token: the
+# two norms (read, write) and the two residual adds with their dropout (read two, write).
+_HIDDEN_PASSES = 10.0
 
 
 # NCCL's own cost model for ring collectives with its Simple protocol (NCCL
 # src/graph/tuning.cc): a base latency per collective and one per step, by link.
 _BASE_LATENCY = 8.4e-6
+# The share of a collective hidden behind compute that the compute still loses to it:
+# NCCL runs each of its 16 to 32 channels as a thread block on its own streaming
+# multiprocessor (of 108 on an A100, 132 on an H100), and its traffic shares HBM.
+OVERLAP_TAX = 0.2
 _NVLINK_STEP = 3.4e-6
 _NETWORK_STEP = 9.6e-6
 
@@ -126,6 +163,8 @@ def step_time(
     inputs: Mapping[str, float],
     overlap_ep_comm: bool = False,
     deduplicated_dispatch: bool = False,
+    layer_pass_overhead: float = LAYER_PASS_OVERHEAD,
+    overlap_tax: float = OVERLAP_TAX,
 ) -> dict[str, _F64]:
     """Seconds per step of each candidate in ``c``, split into :data:`TIME_PARTS`.
 
@@ -134,8 +173,12 @@ def step_time(
     :data:`~tokenbatch.memory.recompute.RECOMPUTE_MODULES`), ``micro_batch``, ``grad_accum_steps``
     and the layers of the first, middle and last pipeline stages (``first_layers``,
     ``middle_layers``, ``last_layers``). ``inputs`` are the memory estimate's numeric
-    options (:func:`~tokenbatch.memory.estimate.scalar_inputs`). Also returns ``total``
-    and ``model_flops`` (per step, for MFU).
+    options (:func:`~tokenbatch.memory.estimate.scalar_inputs`). ``layer_pass_overhead``
+    is the fixed cost in seconds of one pass (forward or backward) of one layer over one
+    micro-batch (default: the fitted
+    :data:`~tokenbatch.memory.steptime_fit.LAYER_PASS_OVERHEAD`) and ``overlap_tax`` the
+    share of a data-parallel collective hidden behind compute that still slows it. Also
+    returns ``total`` and ``model_flops`` (per step, for MFU).
     """
     dense_row, moe_row, _, embedding, projection = _core.memory_layer_params(spec.core_dict())
     dp, tp, pp, cp, ep, vpp = (c[k] for k in ("dp", "tp", "pp", "cp", "ep", "vpp"))
@@ -155,13 +198,51 @@ def step_time(
         result: _F64 = replicated + tp_split / tp + kv * kv_fraction
         return result
 
-    def matmul(weights: _F64, rows: _F64, flops_weights: _F64 | None = None) -> _F64:
-        """Forward and backward of matmuls holding ``weights``, over ``rows`` tokens."""
+    hbm = hw.memory_bandwidth
+
+    def matmul(weights: _F64, rows: _F64, widths: Any, flops_weights: _F64 | None = None) -> _F64:
+        """Forward and backward of matmuls holding ``weights``, over ``rows`` tokens whose
+        inputs and outputs are ``widths`` wide in all (each pass reads its inputs and
+        writes its outputs once, on top of the roofline)."""
         used = weights if flops_weights is None else flops_weights
-        result: _F64 = 3.0 * np.maximum(
-            2.0 * used * rows / matmul_peak, weights * weight_bytes / hw.memory_bandwidth
+        result: _F64 = 3.0 * (
+            np.maximum(2.0 * used * rows / matmul_peak, weights * weight_bytes / hbm)
+            + rows * widths * e / hbm
         )
         return result
+
+    # Inputs plus outputs of each matmul, per token (the tensor-parallel side split).
+    heads_local = spec.num_heads / tp
+    kv_local = spec.kv_heads * kv_fraction
+    gated = spec.ffn_type == "swiglu"
+
+    def mlp_widths(width: float) -> _F64:
+        result: _F64 = (2.0 if gated else 1.0) * width / tp + width / tp + 2.0 * h
+        return result
+
+    if spec.is_mla:
+        query = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        up_widths = (
+            (spec.q_lora_rank + heads_local * query if spec.q_lora_rank else 0.0)
+            + spec.kv_lora_rank
+            + heads_local * (spec.qk_nope_head_dim + spec.v_head_dim)
+        )
+        attention_widths = (
+            (h + spec.q_lora_rank if spec.q_lora_rank else h + heads_local * query)
+            + h
+            + spec.kv_lora_rank
+            + spec.qk_rope_head_dim
+            + up_widths
+            + heads_local * spec.v_head_dim
+            + h
+        )
+        rotary = heads_local * spec.qk_rope_head_dim + spec.qk_rope_head_dim
+    else:
+        up_widths = np.zeros_like(tp)
+        attention_widths = 2.0 * h + (2.0 * heads_local + 2.0 * kv_local) * spec.head_size
+        rotary = (heads_local + kv_local) * spec.head_size
+    if spec.learned_positions:
+        rotary = np.zeros_like(tp)
 
     # One layer, forward and backward, per micro-batch (without recomputation).
     heads = spec.num_heads / tp
@@ -170,14 +251,23 @@ def step_time(
         if spec.is_mla
         else 2 * spec.head_size
     )
-    attention_fwd_flops = tokens * seq_len * heads * head_dims
+    # Eager attention (inputs["attention"] == 1) computes every score, masked or not, and
+    # moves the s x s scores through softmax and dropout (Megatron-LM's fused softmax):
+    # written by the first matmul, read and written by softmax and by dropout with a
+    # 1-byte mask, read by the second; backward twice that.
+    eager = inputs["attention"] == 1.0
+    attention_fwd_flops = tokens * seq_len * heads * head_dims * (2.0 if eager else 1.0)
+    score_bytes = np.where(eager, tokens * seq_len * heads * (6.0 * e + 1.0), 0.0)
     attention_core = 3.0 * attention_fwd_flops / attention_peak
-    dense_layer = matmul(local_weights(dense_row), tokens) + attention_core
+    dense_layer = (
+        matmul(local_weights(dense_row), tokens, attention_widths + mlp_widths(spec.ffn_size))
+        + attention_core
+    )
     mlp_matrices = 3.0 if spec.ffn_type == "swiglu" else 2.0
 
     def mlp_forward(width: float) -> _F64:
         """The forward pass of an MLP ``width`` wide (whole, split over ``tp``)."""
-        return matmul(np.asarray(mlp_matrices * h * width) / tp, tokens) / 3.0
+        return matmul(np.asarray(mlp_matrices * h * width) / tp, tokens, mlp_widths(width)) / 3.0
 
     modules = np.where(recompute > 2, recompute - 2, 0).astype(np.int64)
 
@@ -195,7 +285,7 @@ def step_time(
     )
     up_cost = np.where(
         recomputed("mla_up_proj") & spec.is_mla,
-        matmul(np.asarray(float(up_weights)) / tp, tokens) / 3.0,
+        matmul(np.asarray(float(up_weights)) / tp, tokens, up_widths) / 3.0,
         0.0,
     )
     shared_forward = mlp_forward(float(spec.num_shared_experts * spec.moe_ffn_size))
@@ -203,14 +293,18 @@ def step_time(
         copies = spec.top_k * (inputs["moe_capacity_factor"] or 1.0)
         per_expert = moe_row[3] / spec.num_experts
         # Each of a rank's E / ep experts gets k ep / E of the ranks' tokens.
+        shared_width = float(spec.num_shared_experts * spec.moe_ffn_size)
         experts = matmul(
             per_expert * spec.num_experts / (ep * tp),
             tokens,
+            copies * mlp_widths(spec.moe_ffn_size),
             flops_weights=per_expert * copies / tp,
         )
-        moe_layer = matmul(local_weights(moe_row), tokens) + attention_core + experts
+        moe_widths = attention_widths + np.where(shared_width > 0, mlp_widths(shared_width), 0.0)
+        moe_layer = matmul(local_weights(moe_row), tokens, moe_widths) + attention_core + experts
         moe_share = (spec.num_layers - spec.first_dense_layers) / spec.num_layers
     else:
+        copies = 0.0
         moe_layer = dense_layer
         moe_share = 0.0
     layer = moe_share * moe_layer + (1.0 - moe_share) * dense_layer
@@ -232,17 +326,51 @@ def step_time(
     recompute_cost = np.where(
         recompute == 2, layer_forward, moe_share * moe_cost + (1.0 - moe_share) * dense_cost
     )
-    head = matmul((projection or embedding) / tp, tokens)
+    head = matmul((projection or embedding) / tp, tokens, h + spec.vocab_size / tp)
+
+    # Element-wise kernels, memory-bound: each pass reads and writes its tensors at the
+    # HBM bandwidth; backward moves twice what forward does, full recomputation once more.
+    # Sequence parallelism splits the hidden-size tensors over tp.
+    activation_passes = 3.0 if gated else 2.0
+
+    def elementwise_forward(width: float, rows: Any) -> _F64:
+        """Bytes of one layer's element-wise forward with an MLP ``width`` wide over
+        ``rows`` routed tokens."""
+        result: _F64 = (
+            e
+            * tokens
+            * (_HIDDEN_PASSES * h / tp + 2.0 * rotary + activation_passes * rows * width / tp)
+            + score_bytes
+        )
+        return result
+
+    dense_bytes = elementwise_forward(float(spec.ffn_size), 1.0)
+    moe_bytes = (
+        elementwise_forward(float(spec.moe_ffn_size), copies)
+        + e * tokens * activation_passes * spec.num_shared_experts * spec.moe_ffn_size / tp
+    )
+    passes = np.where(recompute == 2, 4.0, 3.0)
+    layer_elementwise = passes * (moe_share * moe_bytes + (1.0 - moe_share) * dense_bytes) / hbm
+    # The loss: softmax over the logits read in their dtype, kept in logits_dtype, and
+    # their gradient written back.
+    loss = tokens * spec.vocab_size / tp * 2.0 * (e + inputs["logits_bytes"]) / hbm
+    layer_overhead = layer_pass_overhead * np.where(recompute == 2, 3.0, 2.0)
     # The last stage also runs the output layer and the multi-token-prediction modules.
     mtp = spec.mtp_layers * (moe_layer + recompute_cost + head)
-    stage_compute = np.maximum.reduce(
-        [
-            c["first_layers"] * (layer + recompute_cost),
-            c["middle_layers"] * (layer + recompute_cost),
-            c["last_layers"] * (layer + recompute_cost) + head + mtp,
-        ]
-    )
-    stage_layers = np.maximum.reduce([c["first_layers"], c["middle_layers"], c["last_layers"]])
+    end_compute = head + mtp
+    end_elementwise = (1.0 + spec.mtp_layers) * loss + spec.mtp_layers * layer_elementwise
+    end_overhead = (1.0 + 2.0 * spec.mtp_layers) * layer_overhead
+    per_layer = layer + recompute_cost
+    stages = [c["first_layers"], c["middle_layers"], c["last_layers"]]
+    stage_times = [layers * (per_layer + layer_elementwise + layer_overhead) for layers in stages]
+    stage_times[2] = stage_times[2] + end_compute + end_elementwise + end_overhead
+    slowest = np.argmax(np.stack(np.broadcast_arrays(*stage_times)), axis=0)
+    slowest_layers = np.choose(slowest, np.broadcast_arrays(*stages))
+    last = slowest == 2
+    stage_compute = slowest_layers * per_layer + np.where(last, end_compute, 0.0)
+    stage_elementwise = slowest_layers * layer_elementwise + np.where(last, end_elementwise, 0.0)
+    stage_overhead = slowest_layers * layer_overhead + np.where(last, end_overhead, 0.0)
+    stage_layers = np.maximum.reduce(stages)
 
     # Communication per micro-batch on that stage.
     tp_collectives = np.where(recompute == 2, 12.0, 8.0)
@@ -254,7 +382,6 @@ def step_time(
     ) * np.where(spec.is_mla, 1.0 / tp, kv_fraction)
     # Forward, backward (keys and values again, and their gradients) and, with full
     # recomputation, the forward again: each moves (cp - 1) chunks of keys and values.
-    passes = np.where(recompute == 2, 4.0, 3.0)
     cp_bytes = passes * (cp - 1.0) * tokens * kv_width * e
     cp_time = cp_bytes / _group_bandwidth(cp, tp, hw)
     cp_latency = passes * _steps_latency(cp, np.maximum(1.0, hw.gpus_per_node // tp))
@@ -295,7 +422,9 @@ def step_time(
         ep_comm = np.zeros_like(tp)
     point_to_point = _BASE_LATENCY + _NETWORK_STEP + tokens * h * e / tp / hw.inter_node_bandwidth
     pp_comm = np.where(pp > 1, 2.0 * vpp * point_to_point, 0.0)
-    micro_batch_time = stage_compute + tp_comm + cp_comm + ep_comm + pp_comm
+    micro_batch_time = (
+        stage_compute + stage_elementwise + stage_overhead + tp_comm + cp_comm + ep_comm + pp_comm
+    )
 
     # Data parallelism, on the stage with the most weights.
     dense_weights = (
@@ -317,18 +446,38 @@ def step_time(
     gather = _ring(dense_weights * param_bytes, dense_group, tp, hw) + _ring(
         expert_weights * param_bytes, expert_group, tp * ep, hw
     )
+
+    def exposed(comm: _F64, window: _F64) -> _F64:
+        """What ``comm`` adds to ``window`` of compute it overlaps: the part the window
+        does not hide, and the share of the hidden part the collective's kernels take
+        from the compute (streaming multiprocessors and memory bandwidth)."""
+        result: _F64 = np.maximum(0.0, comm - window) + overlap_tax * np.minimum(comm, window)
+        return result
+
     dp_comm = np.select(
         [zero == 0, zero == 1, zero == 2],
         [
-            np.maximum(0.0, 2.0 * reduce - backward),
-            np.maximum(0.0, reduce - backward) + np.maximum(0.0, gather - forward),
-            m * np.maximum(0.0, reduce - backward) + np.maximum(0.0, gather - forward),
+            exposed(2.0 * reduce, backward),
+            exposed(reduce, backward) + exposed(gather, forward),
+            m * exposed(reduce, backward) + exposed(gather, forward),
         ],
-        m * (np.maximum(0.0, gather - forward) + np.maximum(0.0, gather + reduce - backward)),
+        m * (exposed(gather, forward) + exposed(gather + reduce, backward)),
     )
+    # The optimizer step (Adam) on the local shard: reads the gradient, reads and writes
+    # the master weights and both moments, writes the weights.
+    sharded = zero >= 1
+    local_params = dense_weights / np.where(sharded, dense_group, 1.0) + expert_weights / np.where(
+        sharded, expert_group, 1.0
+    )
+    update_bytes = (
+        inputs["grad_bytes"]
+        + 2.0 * (inputs["master_bytes"] + inputs["optimizer_state_bytes"])
+        + param_bytes
+    )
+    optimizer = local_params * update_bytes / hbm
     compute = m * stage_compute
     bubble = (pp - 1.0) / vpp * micro_batch_time
-    total = m * micro_batch_time + bubble + dp_comm
+    total = m * micro_batch_time + bubble + dp_comm + optimizer
     steps_tokens = dp * m * c["micro_batch"] * seq_len
     active = spec.num_active_params() - embedding
     model_flops = steps_tokens * (
@@ -336,6 +485,9 @@ def step_time(
     )
     parts: dict[str, Any] = {
         "compute": compute,
+        "elementwise": m * stage_elementwise,
+        "overhead": m * stage_overhead,
+        "optimizer": optimizer,
         "bubble": bubble,
         "tp_comm": m * tp_comm,
         "cp_comm": m * cp_comm,
