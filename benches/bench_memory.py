@@ -1,5 +1,7 @@
 """Memory-estimate throughput: the Rust grid, broadcast and as a list of scattered
-configurations of the same size, against a Python loop over estimate_memory.
+configurations of the same size, against a Python loop over estimate_memory; and the calls
+users make one at a time: one estimate, the largest micro-batch, the layout planner on the
+published Llama 3.1 405B and DeepSeek-V3 runs.
 
 Run: pytest benches/bench_memory.py --benchmark-enable
 """
@@ -10,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from tokenbatch import ModelSpec, estimate_memory, estimate_memory_grid, plan
+from tokenbatch import (
+    ModelSpec,
+    estimate_memory,
+    estimate_memory_grid,
+    max_micro_batch_tokens,
+    plan,
+)
 
 SPEC = ModelSpec.preset("llama-3.1-70b")
 
@@ -90,5 +98,53 @@ def test_plan_512_gpus(benchmark: Any) -> None:
         gpu_memory=80e9,
         seq_len=8192,
         global_batch_tokens=8192 * 1024,
+    )
+    assert layouts
+
+
+def test_estimate_memory_one_call(benchmark: Any) -> None:
+    estimate = benchmark(
+        estimate_memory, SPEC, seq_len=8192, dp=8, tp=8, pp=4, zero=1, recompute="selective"
+    )
+    assert estimate.total > 0
+
+
+def test_max_micro_batch_tokens(benchmark: Any) -> None:
+    tokens = benchmark(max_micro_batch_tokens, SPEC, 80e9, dp=8, tp=8, pp=4, zero=1)
+    assert tokens > 0
+
+
+def test_plan_llama_405b_16384_h100(benchmark: Any) -> None:
+    # Llama 3.1 405B's published conditions (Dubey et al. 2024, table 4).
+    spec = ModelSpec.preset("llama-3.1-405b").replace(implementation="fused")
+    layouts = benchmark(
+        plan,
+        spec,
+        num_gpus=16_384,
+        seq_len=8192,
+        global_batch_tokens=16 * 2**20,
+        hardware="h100",
+        top=5,
+        cp_comm="all_gather",
+        grad_dtype="fp32",
+    )
+    assert layouts
+
+
+def test_plan_deepseek_v3_2048_h800(benchmark: Any) -> None:
+    # DeepSeek-V3's published conditions (DeepSeek-AI 2024, section 3).
+    spec = ModelSpec.preset("deepseek-v3").replace(implementation="fused", mtp_layers=1)
+    layouts = benchmark(
+        plan,
+        spec,
+        num_gpus=2048,
+        seq_len=4096,
+        global_batch_tokens=15_360 * 4096,
+        hardware="h800",
+        fp8=True,
+        optimizer_dtype="bf16",
+        overlap_ep_comm=True,
+        deduplicated_dispatch=True,
+        top=5,
     )
     assert layouts

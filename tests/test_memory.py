@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -584,6 +586,57 @@ def test_bad_specs_and_arguments_raise() -> None:
     # An integer past 64 bits is too large, not of the wrong type.
     with pytest.raises(TokenBatchOverflowError, match=r"seq_len = 1(0){30} does not fit"):
         estimate_memory(LLAMA_8B, seq_len=10**30)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    preset=st.sampled_from(sorted(tokenbatch.memory.PRESETS)),
+    layers=st.integers(1, 200),
+    fused=st.booleans(),
+)
+def test_model_specs_are_frozen_values(preset: str, layers: int, fused: bool) -> None:
+    # Built once in the core: equal fields make equal, hash-equal specs that survive
+    # pickling, copying and their own repr, and replace() builds a new validated spec.
+    base = ModelSpec.preset(preset)
+    layers = max(layers, base.first_dense_layers)
+    spec = base.replace(num_layers=layers, implementation="fused" if fused else "hf")
+    assert type(spec) is ModelSpec
+    assert spec.num_layers == layers
+    assert (spec == base) == (layers == base.num_layers and not fused)
+    for again in (
+        pickle.loads(pickle.dumps(spec)),
+        copy.deepcopy(spec),
+        spec.replace(),
+        eval(repr(spec), {"ModelSpec": ModelSpec}),
+    ):
+        assert again == spec
+        assert hash(again) == hash(spec)
+        assert again.to_dict() == spec.to_dict()
+        assert again.num_params() == spec.num_params()
+    assert repr(spec).startswith(f"ModelSpec(name='{spec.name}', hidden_size=")
+    assert spec != spec.replace(name="other")
+    with pytest.raises(AttributeError):
+        spec.num_layers = 1  # type: ignore[misc]
+
+
+def test_model_spec_fields_of_the_wrong_type_or_range_name_the_field() -> None:
+    with pytest.raises(InvalidTypeError, match=r"hidden_size must be an integer, got 4096\.5"):
+        LLAMA_8B.replace(hidden_size=4096.5)
+    assert LLAMA_8B.replace(hidden_size=4096.0) == LLAMA_8B
+    with pytest.raises(InvalidTypeError, match="tied_embeddings must be a bool, got 1"):
+        LLAMA_8B.replace(tied_embeddings=1)
+    with pytest.raises(InvalidTypeError, match="ffn_type must be a string"):
+        LLAMA_8B.replace(ffn_type=1)
+    with pytest.raises(InvalidValueError, match="norm must be 'rmsnorm' or 'layernorm'"):
+        LLAMA_8B.replace(norm="batchnorm")
+    with pytest.raises(InvalidTypeError, match="ModelSpec has no field 'heads'"):
+        LLAMA_8B.replace(heads=8)
+    with pytest.raises(
+        TokenBatchOverflowError, match="vocab_size=18446744073709551616 does not fit"
+    ):
+        LLAMA_8B.replace(vocab_size=2**64)
+    with pytest.raises(InvalidValueError, match="top_k, moe_ffn_size and num_shared_experts"):
+        LLAMA_8B.replace(top_k=2)
 
 
 MIXTRAL = ModelSpec.preset("mixtral-8x7b")

@@ -3,11 +3,12 @@
 Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self, disjoint_base
 
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "ContextParallelShard",
     "Dealer",
     "EpochDeal",
+    "ModelSpec",
     "Packing",
     "PackingBins",
     "RankBatches",
@@ -32,7 +34,6 @@ __all__ = [
     "memory_grid",
     "memory_layer_params",
     "memory_name_codes",
-    "memory_param_counts",
     "memory_pipeline_layers",
     "memory_stages",
     "mix_seed",
@@ -288,19 +289,132 @@ class Schedule:
 
 # memory
 
-def memory_param_counts(spec: Mapping[str, object]) -> tuple[float, float]: ...
+@disjoint_base
+class ModelSpec:
+    """Shape of a decoder-only transformer (see ``tokenbatch.ModelSpec``)."""
+
+    def __new__(
+        cls,
+        hidden_size: int,
+        num_layers: int,
+        num_heads: int,
+        ffn_size: int,
+        vocab_size: int,
+        *,
+        num_kv_heads: int | None = ...,
+        head_dim: int | None = ...,
+        ffn_type: str = ...,
+        tied_embeddings: bool = ...,
+        norm: str = ...,
+        qkv_bias: bool = ...,
+        linear_bias: bool = ...,
+        learned_positions: int = ...,
+        num_experts: int = ...,
+        top_k: int = ...,
+        num_shared_experts: int = ...,
+        moe_ffn_size: int = ...,
+        first_dense_layers: int = ...,
+        router_bias: bool = ...,
+        router_groups: int = ...,
+        router_group_top_k: int = ...,
+        q_lora_rank: int = ...,
+        kv_lora_rank: int = ...,
+        qk_nope_head_dim: int = ...,
+        qk_rope_head_dim: int = ...,
+        v_head_dim: int = ...,
+        mtp_layers: int = ...,
+        implementation: str = ...,
+        moe_dispatcher: str = ...,
+        name: str = ...,
+    ) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def ffn_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int | None: ...
+    @property
+    def ffn_type(self) -> str: ...
+    @property
+    def tied_embeddings(self) -> bool: ...
+    @property
+    def norm(self) -> str: ...
+    @property
+    def qkv_bias(self) -> bool: ...
+    @property
+    def linear_bias(self) -> bool: ...
+    @property
+    def learned_positions(self) -> int: ...
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def num_shared_experts(self) -> int: ...
+    @property
+    def moe_ffn_size(self) -> int: ...
+    @property
+    def first_dense_layers(self) -> int: ...
+    @property
+    def router_bias(self) -> bool: ...
+    @property
+    def router_groups(self) -> int: ...
+    @property
+    def router_group_top_k(self) -> int: ...
+    @property
+    def q_lora_rank(self) -> int: ...
+    @property
+    def kv_lora_rank(self) -> int: ...
+    @property
+    def qk_nope_head_dim(self) -> int: ...
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+    @property
+    def v_head_dim(self) -> int: ...
+    @property
+    def mtp_layers(self) -> int: ...
+    @property
+    def implementation(self) -> str: ...
+    @property
+    def moe_dispatcher(self) -> str: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def is_moe(self) -> bool: ...
+    @property
+    def is_mla(self) -> bool: ...
+    def num_params(self) -> int: ...
+    def num_active_params(self) -> int: ...
+    def replace(self, **changes: Any) -> Self: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
 def memory_pipeline_layers(
     num_layers: int, pp: int, vpp: int, split: float, first: int, last: int
 ) -> list[int] | None: ...
 def memory_layer_params(
-    spec: Mapping[str, object],
+    spec: ModelSpec,
 ) -> tuple[list[float], list[float], list[float], float, float]: ...
 
 #: Names made of parts: separator, part names, their bits, the code of the empty set.
 _NameSets = tuple[str, list[str], list[int], float]
 
 def memory_grid(
-    spec: Mapping[str, object],
+    spec: ModelSpec,
     shape: list[int],
     inputs: list[
         tuple[
@@ -318,7 +432,7 @@ def memory_name_codes(
     text: npt.NDArray[np.uint32], names: list[str], codes: list[float], sets: _NameSets | None
 ) -> npt.NDArray[np.float64]: ...
 def memory_stages(
-    spec: Mapping[str, object], layout: Sequence[float]
+    spec: ModelSpec, layout: Sequence[float]
 ) -> tuple[npt.NDArray[np.float64], int]: ...
 
 # --- threads -------------------------------------------------------------------------

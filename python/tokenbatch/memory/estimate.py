@@ -356,7 +356,7 @@ def _run_grid(
             inputs.append((column.code_points(), strides, *column.names_and_codes()))
         else:
             inputs.append((column.reshape(-1), strides))
-    flat, reasons = _core.memory_grid(spec.core_dict(), list(shape), inputs)
+    flat, reasons = _core.memory_grid(spec, list(shape), inputs)
     return tuple(shape), flat.reshape(len(OUTPUT_FIELDS), -1), reasons.reshape(shape)
 
 
@@ -508,7 +508,7 @@ def estimate_memory_stages(
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     fields = _scalar_fields(seq_len, options)
     values = [float(array.reshape(-1)[0]) for array in fields.values()]
-    flat, reason = _core.memory_stages(spec.core_dict(), values)
+    flat, reason = _core.memory_stages(spec, values)
     if reason:
         raise _invalid(reason, {"seq_len": seq_len, **options})
     rows = flat.reshape(-1, len(OUTPUT_FIELDS))

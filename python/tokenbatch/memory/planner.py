@@ -206,7 +206,7 @@ _COLUMNS = (
 
 def _end_cost(spec: ModelSpec) -> float:
     """The output layer and multi-token-prediction modules, in layers of compute."""
-    dense, _, moe_active, embedding, projection = _core.memory_layer_params(spec.core_dict())
+    dense, _, moe_active, embedding, projection = _core.memory_layer_params(spec)
     moe_layers = spec.num_layers - spec.first_dense_layers if spec.is_moe else 0
     active = (sum(dense) * (spec.num_layers - moe_layers) + sum(moe_active) * moe_layers) / (
         spec.num_layers

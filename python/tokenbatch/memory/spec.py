@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Literal
 
 from tokenbatch import _core
-from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["PRESETS", "FfnType", "Implementation", "ModelSpec", "MoeDispatcher", "NormType"]
@@ -20,35 +17,11 @@ NormType = Literal["rmsnorm", "layernorm"]
 Implementation = Literal["hf", "fused"]
 MoeDispatcher = Literal["alltoall", "allgather"]
 
-_INT_FIELDS = (
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "ffn_size",
-    "vocab_size",
-    "learned_positions",
-    "num_experts",
-    "top_k",
-    "num_shared_experts",
-    "moe_ffn_size",
-    "first_dense_layers",
-    "router_groups",
-    "router_group_top_k",
-    "q_lora_rank",
-    "kv_lora_rank",
-    "qk_nope_head_dim",
-    "qk_rope_head_dim",
-    "v_head_dim",
-    "mtp_layers",
-)
-_POSITIVE = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(_core.ModelSpec):
     """Shape of a decoder-only transformer, enough to count its parameters and activations.
 
-    Dense models need the first eight fields; ``num_kv_heads`` defaults to ``num_heads``
+    Dense models need the first five fields; ``num_kv_heads`` defaults to ``num_heads``
     (multi-head attention) and ``head_dim`` to ``hidden_size // num_heads``. A mixture of
     experts sets ``num_experts`` (routed experts per MoE layer), ``top_k``,
     ``num_shared_experts``, ``moe_ffn_size`` (inner size of one expert) and
@@ -78,130 +51,15 @@ class ModelSpec:
     parallelism keeps its sort index and routing map for every token of the
     tensor-parallel group rather than for the rank's part of the sequence.
 
-    Use :meth:`preset` for well-known models and :meth:`from_hf_config` for a
-    ``config.json``. Invalid shapes raise :class:`~tokenbatch.errors.InvalidValueError`
-    naming the field.
+    The spec is built and validated once, in the Rust core, and is frozen: equal specs
+    compare and hash equal, pickle, and :meth:`replace` makes a changed copy. Use
+    :meth:`preset` for well-known models and :meth:`from_hf_config` for a ``config.json``.
+    A field of the wrong type raises :class:`~tokenbatch.errors.InvalidTypeError`, and a
+    value out of range, an unknown option name (the choices listed) or a shape that does
+    not hold together :class:`~tokenbatch.errors.InvalidValueError`, naming the field.
     """
 
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    ffn_size: int
-    vocab_size: int
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    ffn_type: FfnType = "swiglu"
-    tied_embeddings: bool = False
-    norm: NormType = "rmsnorm"
-    qkv_bias: bool = False
-    linear_bias: bool = False
-    learned_positions: int = 0
-    num_experts: int = 0
-    top_k: int = 0
-    num_shared_experts: int = 0
-    moe_ffn_size: int = 0
-    first_dense_layers: int = 0
-    router_bias: bool = False
-    router_groups: int = 0
-    router_group_top_k: int = 0
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    mtp_layers: int = 0
-    implementation: Implementation = "hf"
-    moe_dispatcher: MoeDispatcher = "alltoall"
-    name: str = "custom"
-
-    def __post_init__(self) -> None:
-        for field in _INT_FIELDS:
-            value = getattr(self, field)
-            minimum = 1 if field in _POSITIVE else 0
-            object.__setattr__(self, field, as_int(value, field, minimum=minimum))
-        if self.num_kv_heads is None:
-            object.__setattr__(self, "num_kv_heads", self.num_heads)
-        else:
-            object.__setattr__(
-                self, "num_kv_heads", as_int(self.num_kv_heads, "num_kv_heads", minimum=1)
-            )
-        if self.head_dim is not None:
-            object.__setattr__(self, "head_dim", as_int(self.head_dim, "head_dim", minimum=1))
-        elif self.hidden_size % self.num_heads != 0:
-            raise InvalidValueError(
-                f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size} "
-                "(or give head_dim explicitly)"
-            )
-        for field in ("tied_embeddings", "qkv_bias", "linear_bias", "router_bias"):
-            if not isinstance(getattr(self, field), bool):
-                raise InvalidTypeError(f"{field} must be a bool, got {getattr(self, field)!r}")
-        if self.ffn_type not in ("swiglu", "gelu"):
-            raise InvalidValueError(f"ffn_type must be 'swiglu' or 'gelu', got {self.ffn_type!r}")
-        if self.implementation not in ("hf", "fused"):
-            raise InvalidValueError(
-                f"implementation must be 'hf' or 'fused', got {self.implementation!r}"
-            )
-        if self.moe_dispatcher not in ("alltoall", "allgather"):
-            raise InvalidValueError(
-                f"moe_dispatcher must be 'alltoall' or 'allgather', got {self.moe_dispatcher!r}"
-            )
-        if self.norm not in ("rmsnorm", "layernorm"):
-            raise InvalidValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
-        if self.num_heads % self.kv_heads != 0:
-            raise InvalidValueError(
-                f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}"
-            )
-        if self.num_experts == 0 and (self.top_k or self.moe_ffn_size or self.num_shared_experts):
-            raise InvalidValueError("top_k, moe_ffn_size and num_shared_experts need num_experts")
-        # The core re-checks everything (MoE and MLA consistency) and counts parameters.
-        _core.memory_param_counts(self.core_dict())
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads (``num_heads`` unless grouped-query attention)."""
-        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def head_size(self) -> int:
-        """Per-head size of queries and keys for ordinary attention."""
-        return self.hidden_size // self.num_heads if self.head_dim is None else self.head_dim
-
-    @property
-    def is_moe(self) -> bool:
-        """Whether the model has routed experts."""
-        return self.num_experts > 0
-
-    @property
-    def is_mla(self) -> bool:
-        """Whether attention is multi-head latent attention."""
-        return self.kv_lora_rank > 0
-
-    def num_params(self) -> int:
-        """Exact number of parameters (tied embeddings counted once)."""
-        return int(_core.memory_param_counts(self.core_dict())[0])
-
-    def num_active_params(self) -> int:
-        """Parameters a token goes through: all but the routed experts it is not sent to."""
-        return int(_core.memory_param_counts(self.core_dict())[1])
-
-    def to_dict(self) -> dict[str, Any]:
-        """All fields with defaults resolved (what the Rust core reads)."""
-        return dict(self.core_dict())
-
-    def core_dict(self) -> Mapping[str, Any]:
-        """:meth:`to_dict`, computed once per spec (read-only: the core reads it on every
-        estimate)."""
-        cached: dict[str, Any] | None = self.__dict__.get("_core_dict")
-        if cached is None:
-            cached = dataclasses.asdict(self)
-            cached["num_kv_heads"] = self.kv_heads
-            cached["head_dim"] = self.head_size
-            self.__dict__["_core_dict"] = cached
-        return MappingProxyType(cached)
-
-    def replace(self, **changes: Any) -> ModelSpec:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+    __slots__ = ()
 
     @classmethod
     def preset(cls, name: str) -> ModelSpec:

@@ -180,7 +180,7 @@ def step_time(
     share of a data-parallel collective hidden behind compute that still slows it. Also
     returns ``total`` and ``model_flops`` (per step, for MFU).
     """
-    dense_row, moe_row, _, embedding, projection = _core.memory_layer_params(spec.core_dict())
+    dense_row, moe_row, _, embedding, projection = _core.memory_layer_params(spec)
     dp, tp, pp, cp, ep, vpp = (c[k] for k in ("dp", "tp", "pp", "cp", "ep", "vpp"))
     zero, recompute, m = c["zero"], c["recompute"], c["grad_accum_steps"]
     fp8 = inputs["fp8"] == 1.0

@@ -13,6 +13,7 @@ mod deal;
 mod error;
 mod gather;
 mod memory;
+mod model_spec;
 mod packing;
 mod parallel;
 mod schedule;
@@ -28,6 +29,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     deal::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
+    model_spec::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
     schedule::register(m)?;

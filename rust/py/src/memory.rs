@@ -4,106 +4,25 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntyped
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, FfnType, GridInput, Implementation, Invalid, Layout, ModelSpec, MoeDispatcher, NameSets,
-    NameTable, NormType, Values, INVALID_REASONS, LAYOUT_FIELDS, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, GridInput, Invalid, Layout, NameSets, NameTable, Values, INVALID_REASONS, LAYOUT_FIELDS,
+    N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
 use crate::error::{guard, IntoPyResult};
+use crate::model_spec::PyModelSpec;
 use crate::parallel::detach_parallel;
-
-/// The fields of `tokenbatch.ModelSpec.to_dict()`, read by key.
-#[derive(FromPyObject)]
-#[pyo3(from_item_all)]
-struct SpecDict {
-    hidden_size: u64,
-    num_layers: u64,
-    num_heads: u64,
-    num_kv_heads: u64,
-    head_dim: u64,
-    ffn_size: u64,
-    ffn_type: String,
-    vocab_size: u64,
-    tied_embeddings: bool,
-    norm: String,
-    qkv_bias: bool,
-    linear_bias: bool,
-    learned_positions: u64,
-    num_experts: u64,
-    top_k: u64,
-    num_shared_experts: u64,
-    moe_ffn_size: u64,
-    first_dense_layers: u64,
-    router_bias: bool,
-    router_groups: u64,
-    router_group_top_k: u64,
-    q_lora_rank: u64,
-    kv_lora_rank: u64,
-    qk_nope_head_dim: u64,
-    qk_rope_head_dim: u64,
-    v_head_dim: u64,
-    mtp_layers: u64,
-    implementation: String,
-    moe_dispatcher: String,
-}
-
-impl SpecDict {
-    fn into_core(self) -> tokenbatch_core::Result<ModelSpec> {
-        Ok(ModelSpec {
-            hidden_size: self.hidden_size,
-            num_layers: self.num_layers,
-            num_heads: self.num_heads,
-            num_kv_heads: self.num_kv_heads,
-            head_dim: self.head_dim,
-            ffn_size: self.ffn_size,
-            ffn_type: FfnType::parse(&self.ffn_type)?,
-            vocab_size: self.vocab_size,
-            tied_embeddings: self.tied_embeddings,
-            norm: NormType::parse(&self.norm)?,
-            qkv_bias: self.qkv_bias,
-            linear_bias: self.linear_bias,
-            learned_positions: self.learned_positions,
-            num_experts: self.num_experts,
-            top_k: self.top_k,
-            num_shared_experts: self.num_shared_experts,
-            moe_ffn_size: self.moe_ffn_size,
-            first_dense_layers: self.first_dense_layers,
-            router_bias: self.router_bias,
-            router_groups: self.router_groups,
-            router_group_top_k: self.router_group_top_k,
-            q_lora_rank: self.q_lora_rank,
-            kv_lora_rank: self.kv_lora_rank,
-            qk_nope_head_dim: self.qk_nope_head_dim,
-            qk_rope_head_dim: self.qk_rope_head_dim,
-            v_head_dim: self.v_head_dim,
-            mtp_layers: self.mtp_layers,
-            implementation: Implementation::parse(&self.implementation)?,
-            moe_dispatcher: MoeDispatcher::parse(&self.moe_dispatcher)?,
-        })
-    }
-}
-
-/// Validate a spec and return its (total, active) parameter counts.
-#[pyfunction]
-fn memory_param_counts(spec: SpecDict) -> PyResult<(f64, f64)> {
-    guard("memory_param_counts", || {
-        let spec = spec.into_core().into_py_result()?;
-        spec.validate().into_py_result()?;
-        Ok((spec.total_params(), spec.active_params()))
-    })
-}
 
 /// Parameters of a dense layer, of an MoE layer, and of an MoE layer counting only the
 /// `top_k` routed experts, each as (replicated, tensor-parallel, key/value, routed experts);
 /// then the embedding and the output projection (0 when tied).
 type LayerParamTable = ([f64; 4], [f64; 4], [f64; 4], f64, f64);
 
-/// Validate a spec and return its per-layer parameter counts (see [`LayerParamTable`]).
+/// A spec's per-layer parameter counts (see [`LayerParamTable`]).
 #[pyfunction]
-fn memory_layer_params(spec: SpecDict) -> PyResult<LayerParamTable> {
+fn memory_layer_params(spec: &Bound<'_, PyModelSpec>) -> PyResult<LayerParamTable> {
     guard("memory_layer_params", || {
-        let spec = spec.into_core().into_py_result()?;
-        spec.validate().into_py_result()?;
+        let spec = &spec.get().spec;
         let row = |p: memory::LayerParams| [p.replicated, p.tp_split, p.kv, p.experts];
         let moe_index = spec.first_dense_layers.min(spec.num_layers - 1);
         let (embedding, _) = spec.embedding_params();
@@ -172,12 +91,12 @@ enum GridColumn<'py> {
 #[pyfunction]
 fn memory_grid<'py>(
     py: Python<'py>,
-    spec: SpecDict,
+    spec: &Bound<'py, PyModelSpec>,
     shape: Vec<usize>,
     inputs: Vec<GridColumn<'py>>,
 ) -> PyResult<GridArrays<'py>> {
     guard("memory_grid", || {
-        let spec = spec.into_core().into_py_result()?;
+        let spec = &spec.get().spec;
         let tables = inputs
             .iter()
             .map(|input| match input {
@@ -218,7 +137,7 @@ fn memory_grid<'py>(
             })
             .collect::<PyResult<Vec<_>>>()?;
         // Parallel over the grid: run in tokenbatch's fork-safe pool.
-        let table = detach_parallel(py, || memory::estimate_grid(&spec, &shape, &slices))
+        let table = detach_parallel(py, || memory::estimate_grid(spec, &shape, &slices))
             .into_py_result()?;
         Ok((
             table.values.into_pyarray(py),
@@ -291,14 +210,14 @@ fn memory_name_codes<'py>(
 #[pyfunction]
 fn memory_stages<'py>(
     py: Python<'py>,
-    spec: SpecDict,
+    spec: &Bound<'py, PyModelSpec>,
     layout: [f64; N_LAYOUT_FIELDS],
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, u8)> {
     guard("memory_stages", || {
-        let spec = spec.into_core().into_py_result()?;
+        let spec = &spec.get().spec;
         let layout = Layout::from_values(&layout);
         let stages = py
-            .detach(|| memory::estimate_all_stages(&spec, &layout))
+            .detach(|| memory::estimate_all_stages(spec, &layout))
             .into_py_result()?;
         Ok(match stages {
             Ok(stages) => (
@@ -332,7 +251,6 @@ fn memory_fields() -> PyResult<(Names, Names, Names, u8)> {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(memory_param_counts, m)?)?;
     m.add_function(wrap_pyfunction!(memory_layer_params, m)?)?;
     m.add_function(wrap_pyfunction!(memory_pipeline_layers, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;

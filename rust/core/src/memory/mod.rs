@@ -12,6 +12,7 @@ mod memo;
 pub mod names;
 pub mod pipeline;
 pub mod spec;
+pub mod spec_fields;
 
 pub use activations::CpComm;
 pub use estimate::{
@@ -26,6 +27,7 @@ pub use layout::{
 pub use names::{name_codes, NameSets, NameTable};
 pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, MoeDispatcher, NormType};
+pub use spec_fields::{Field, SPEC_FIELDS};
 
 #[cfg(test)]
 mod tests;

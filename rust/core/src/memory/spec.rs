@@ -5,20 +5,35 @@
 //! and GPT-3 (Brown et al. 2020, learned positions, biases everywhere), so `num_params`
 //! matches `sum(p.numel() for p in model.parameters())` of those models.
 
+use std::str::FromStr;
+
 use crate::error::{Error, Result};
 
 /// The MLP block of a layer (dense layers, experts and shared experts alike).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum FfnType {
     /// `down(silu(gate(x)) * up(x))`: three matrices.
+    #[default]
     SwiGlu,
     /// `fc2(gelu(fc1(x)))`: two matrices.
     Gelu,
 }
 
 impl FfnType {
+    /// The name `ffn_type` takes for this choice.
+    pub fn name(self) -> &'static str {
+        match self {
+            FfnType::SwiGlu => "swiglu",
+            FfnType::Gelu => "gelu",
+        }
+    }
+}
+
+impl FromStr for FfnType {
+    type Err = Error;
+
     /// Parse `"swiglu"` or `"gelu"`.
-    pub fn parse(name: &str) -> Result<Self> {
+    fn from_str(name: &str) -> Result<Self> {
         match name {
             "swiglu" => Ok(FfnType::SwiGlu),
             "gelu" => Ok(FfnType::Gelu),
@@ -30,17 +45,30 @@ impl FfnType {
 }
 
 /// Normalization layers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum NormType {
     /// One weight vector; saves the input and one fp32 statistic per token.
+    #[default]
     RmsNorm,
     /// Weight and bias; saves the input and two fp32 statistics per token.
     LayerNorm,
 }
 
 impl NormType {
+    /// The name `norm` takes for this choice.
+    pub fn name(self) -> &'static str {
+        match self {
+            NormType::RmsNorm => "rmsnorm",
+            NormType::LayerNorm => "layernorm",
+        }
+    }
+}
+
+impl FromStr for NormType {
+    type Err = Error;
+
     /// Parse `"rmsnorm"` or `"layernorm"`.
-    pub fn parse(name: &str) -> Result<Self> {
+    fn from_str(name: &str) -> Result<Self> {
         match name {
             "rmsnorm" => Ok(NormType::RmsNorm),
             "layernorm" => Ok(NormType::LayerNorm),
@@ -53,10 +81,11 @@ impl NormType {
 
 /// Whose kernels run the model: what is saved for backward differs between code bases
 /// (see [`crate::memory::activations`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Implementation {
     /// Hugging Face `transformers`' PyTorch modules (norms that upcast to fp32, an fp32
     /// sigmoid router, grouped-GEMM experts after a sort by expert).
+    #[default]
     Hf,
     /// Fused kernels as Megatron-Core with Transformer Engine runs them (norms that keep
     /// only their input and fp32 statistics).
@@ -64,8 +93,20 @@ pub enum Implementation {
 }
 
 impl Implementation {
+    /// The name `implementation` takes for this choice.
+    pub fn name(self) -> &'static str {
+        match self {
+            Implementation::Hf => "hf",
+            Implementation::Fused => "fused",
+        }
+    }
+}
+
+impl FromStr for Implementation {
+    type Err = Error;
+
     /// Parse `"hf"` or `"fused"`.
-    pub fn parse(name: &str) -> Result<Self> {
+    fn from_str(name: &str) -> Result<Self> {
         match name {
             "hf" => Ok(Implementation::Hf),
             "fused" => Ok(Implementation::Fused),
@@ -78,10 +119,11 @@ impl Implementation {
 
 /// How Megatron-Core's MoE layers send routed copies to the experts' ranks (its
 /// `moe_token_dispatcher_type`); only fused kernels (`Implementation::Fused`) have one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum MoeDispatcher {
     /// Each rank sorts its own tokens' copies and exchanges them with the expert-parallel
     /// ranks (`alltoall`; DeepSeek-V3-style runs use it).
+    #[default]
     AllToAll,
     /// Each rank gathers every token of its tensor- and expert-parallel group and keeps the
     /// copies routed to its experts (`allgather`, Megatron-Core's default): under sequence
@@ -90,8 +132,20 @@ pub enum MoeDispatcher {
 }
 
 impl MoeDispatcher {
+    /// The name `moe_dispatcher` takes for this choice.
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeDispatcher::AllToAll => "alltoall",
+            MoeDispatcher::AllGather => "allgather",
+        }
+    }
+}
+
+impl FromStr for MoeDispatcher {
+    type Err = Error;
+
     /// Parse `"alltoall"` or `"allgather"`.
-    pub fn parse(name: &str) -> Result<Self> {
+    fn from_str(name: &str) -> Result<Self> {
         match name {
             "alltoall" => Ok(MoeDispatcher::AllToAll),
             "allgather" => Ok(MoeDispatcher::AllGather),
@@ -103,7 +157,10 @@ impl MoeDispatcher {
 }
 
 /// Shape of a decoder-only transformer. Sizes are counts of elements, not bytes.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Build one from named fields with [`ModelSpec::from_fields`](crate::memory::spec_fields),
+/// which checks each value and the whole shape once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ModelSpec {
     pub hidden_size: u64,
     pub num_layers: u64,
@@ -208,6 +265,13 @@ impl ModelSpec {
                 "num_kv_heads={} must divide num_heads={}",
                 self.num_kv_heads, self.num_heads
             )));
+        }
+        if !self.is_moe()
+            && (self.top_k > 0 || self.moe_ffn_size > 0 || self.num_shared_experts > 0)
+        {
+            return Err(Error::invalid(
+                "top_k, moe_ffn_size and num_shared_experts need num_experts",
+            ));
         }
         let has_dense = !self.is_moe() || self.first_dense_layers > 0;
         if has_dense && self.ffn_size == 0 {

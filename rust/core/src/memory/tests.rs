@@ -2294,3 +2294,74 @@ fn the_all_gather_dispatcher_needs_fused_kernels() {
     let message = spec.validate().unwrap_err().to_string();
     assert!(message.contains("implementation='fused'"), "{message}");
 }
+
+/// The named fields of `spec`, as a binding passes them back in.
+fn fields_of(spec: &ModelSpec) -> Vec<(&'static str, Field)> {
+    SPEC_FIELDS
+        .iter()
+        .filter_map(|name| Some((*name, spec.get(name)?)))
+        .collect()
+}
+
+#[test]
+fn a_spec_rebuilds_from_its_named_fields() {
+    for spec in [llama_8b(), mixtral(), deepseek_v3()] {
+        assert_eq!(ModelSpec::from_fields(fields_of(&spec)), Ok(spec));
+    }
+}
+
+#[test]
+fn named_fields_default_the_derived_head_counts() {
+    let mut fields = fields_of(&llama_8b());
+    fields.retain(|(name, _)| *name != "head_dim" && *name != "num_kv_heads");
+    let spec = ModelSpec::from_fields(fields).unwrap();
+    assert_eq!((spec.num_kv_heads, spec.head_dim), (32, 128));
+}
+
+#[test]
+fn named_fields_refuse_bad_values_naming_the_field() {
+    let with = |name: &'static str, value: Field| {
+        let mut fields = fields_of(&llama_8b());
+        fields.retain(|(field, _)| *field != name);
+        fields.push((name, value));
+        ModelSpec::from_fields(fields).unwrap_err().to_string()
+    };
+    assert_eq!(
+        with("hidden_size", Field::Count(-64)),
+        "hidden_size must be at least 1, got -64"
+    );
+    assert_eq!(
+        with("norm", Field::Name("batchnorm".into())),
+        "norm must be 'rmsnorm' or 'layernorm', got \"batchnorm\""
+    );
+    assert_eq!(
+        with("qkv_bias", Field::Count(1)),
+        "qkv_bias must be a bool, got 1"
+    );
+    assert!(with("heads", Field::Count(1)).starts_with("unknown ModelSpec field 'heads'"));
+    assert!(with("num_kv_heads", Field::Count(3)).contains("num_kv_heads=3 must divide"));
+    let mut fields = fields_of(&llama_8b());
+    fields.retain(|(name, _)| *name != "vocab_size");
+    assert_eq!(
+        ModelSpec::from_fields(fields).unwrap_err().to_string(),
+        "vocab_size is required"
+    );
+}
+
+proptest! {
+    /// Every option name a field reads back is one the field parses.
+    #[test]
+    fn option_names_round_trip(
+        ffn in prop_oneof![Just(FfnType::SwiGlu), Just(FfnType::Gelu)],
+        norm in prop_oneof![Just(NormType::RmsNorm), Just(NormType::LayerNorm)],
+        fused in any::<bool>(),
+    ) {
+        let spec = ModelSpec {
+            ffn_type: ffn,
+            norm,
+            implementation: if fused { Implementation::Fused } else { Implementation::Hf },
+            ..llama_8b()
+        };
+        prop_assert_eq!(ModelSpec::from_fields(fields_of(&spec)), Ok(spec));
+    }
+}
