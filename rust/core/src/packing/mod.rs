@@ -11,13 +11,17 @@
 mod assign;
 mod bins;
 mod capacity_index;
+mod columns;
+mod grouped;
 mod layout;
 mod options;
 mod order;
 mod segments;
 pub mod stream;
+mod units;
 
 pub use bins::{Bins, PackingKind};
+pub use grouped::{batch_padded_grouped, pack_costs, pack_grouped, CostOptions, MAX_COST_COLUMNS};
 pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
 pub use segments::{pieces, Length, PolicyCounts};
 
@@ -142,3 +146,5 @@ fn finish(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod units_tests;
