@@ -11,6 +11,7 @@
 
 use rayon::prelude::*;
 
+use super::assign::BinTotals;
 use super::units::Units;
 
 /// A max segment tree over bins (in the order they were opened), with one value per
@@ -103,9 +104,9 @@ fn size(cost: &[u64], budgets: &[u64]) -> u64 {
         .unwrap_or(0) as u64
 }
 
-/// First-fit decreasing by size over every column: the bin of each unit and the number
-/// of bins.
-pub fn first_fit_columns(units: &Units) -> (Vec<u32>, usize) {
+/// First-fit decreasing by size over every column: the bin of each unit, and the units
+/// and column-0 cost of each bin.
+pub fn first_fit_columns(units: &Units) -> (Vec<u32>, BinTotals) {
     let m = units.columns();
     let mut order: Vec<(u64, u32)> = (0..units.len() as u32)
         .into_par_iter()
@@ -115,7 +116,10 @@ pub fn first_fit_columns(units: &Units) -> (Vec<u32>, usize) {
     let mut tree = ColumnTree::new(m);
     let mut room = vec![0u64; m];
     let mut bin_of = vec![0u32; units.len()];
-    let mut n_bins = 0usize;
+    let mut totals = BinTotals {
+        sizes: Vec::new(),
+        costs: Vec::new(),
+    };
     for &(_, u) in &order {
         let need = units.cost(u as usize);
         let bin = match tree.first_fit(need) {
@@ -127,34 +131,42 @@ pub fn first_fit_columns(units: &Units) -> (Vec<u32>, usize) {
                 for (r, &b) in room.iter_mut().zip(&units.budgets) {
                     *r = b + 1;
                 }
-                n_bins += 1;
-                n_bins - 1
+                totals.sizes.push(0);
+                totals.costs.push(0);
+                totals.len() - 1
             }
         };
+        totals.sizes[bin] += 1;
+        totals.costs[bin] += need[0];
         for (r, &c) in room.iter_mut().zip(need) {
             *r -= c;
         }
         tree.set(bin, &room);
         bin_of[u as usize] = bin as u32;
     }
-    (bin_of, n_bins)
+    (bin_of, totals)
 }
 
 /// Padded batching of units: units by decreasing longest member cost (ties by input
 /// order) share a batch while `members x longest` stays within `max_tokens` and the
-/// members within `max_seqs`. The bin of each unit, and each batch's padded cost.
+/// members within `max_seqs`. The bin of each unit, the units and column-0 cost of each
+/// batch, and each batch's padded cost.
 pub fn padded_units(
     units: &Units,
     longest: &[u64],
     max_tokens: u64,
     max_seqs: u64,
-) -> (Vec<u32>, Vec<u64>) {
+) -> (Vec<u32>, BinTotals, Vec<u64>) {
     let mut order: Vec<(u64, u32)> = (0..units.len() as u32)
         .map(|u| (u64::MAX - longest[u as usize], u))
         .collect();
     order.par_sort_unstable();
     let mut bin_of = vec![0u32; units.len()];
     let mut batch_cost: Vec<u64> = Vec::new();
+    let mut totals = BinTotals {
+        sizes: Vec::new(),
+        costs: Vec::new(),
+    };
     let (mut batch_longest, mut count) = (0u64, 0u64);
     for &(_, u) in &order {
         let members = units.members(u as usize).len() as u64;
@@ -168,14 +180,18 @@ pub fn padded_units(
             count = grown_count;
         } else {
             batch_cost.push(0);
+            totals.sizes.push(0);
+            totals.costs.push(0);
             batch_longest = longest[u as usize];
             count = members;
         }
         let last = batch_cost.len() - 1;
         batch_cost[last] = count * batch_longest;
+        totals.sizes[last] += 1;
+        totals.costs[last] += units.tokens(u as usize);
         bin_of[u as usize] = last as u32;
     }
-    (bin_of, batch_cost)
+    (bin_of, totals, batch_cost)
 }
 
 #[cfg(test)]

@@ -49,25 +49,21 @@ pub fn pack_grouped<L: Length>(
     options: &PackOptions,
 ) -> Result<Packing> {
     let units = grouped_units(lengths, groups, options, false)?;
-    let length = |i: usize| lengths[i].to_i64();
-    if units.columns() == 1 {
+    let (bin_of, totals) = if units.columns() == 1 {
+        // One budget: the groups are packed as sequences of their cost.
         let unit_options = PackOptions {
             pad_to_multiple_of: 1,
             oversize: Oversize::Error,
             ..options.clone()
         };
-        let by_unit = super::pack(&units.costs, &unit_options)?;
-        return Ok(units::expand(
-            &units,
-            &by_unit.bin_offsets,
-            &by_unit.indices,
-            length,
-            None,
-        ));
-    }
-    let (bin_of, n_bins) = columns::first_fit_columns(&units);
-    let (offsets, ids) = units::units_by_bin(&bin_of, n_bins);
-    Ok(units::expand(&units, &offsets, &ids, length, None))
+        super::bins_by_index(&units.costs, &unit_options)?
+    } else {
+        columns::first_fit_columns(&units)
+    };
+    let length = |i: usize| lengths[i].to_i64();
+    Ok(units::lay_out(
+        &units, &bin_of, totals, length, options, None,
+    ))
 }
 
 /// Padded batching with groups: a batch of `n` sequences costs `n x` its longest cost, and
@@ -82,15 +78,15 @@ pub fn batch_padded_grouped<L: Length>(
     let longest: Vec<u64> = (0..units.len())
         .map(|u| units.tokens(u) / units.members(u).len() as u64)
         .collect();
-    let (bin_of, batch_cost) =
+    let (bin_of, totals, batch_cost) =
         columns::padded_units(&units, &longest, options.max_tokens, options.max_seqs);
-    let (offsets, ids) = units::units_by_bin(&bin_of, batch_cost.len());
     let length = |i: usize| lengths[i].to_i64();
-    Ok(units::expand(
+    Ok(units::lay_out(
         &units,
-        &offsets,
-        &ids,
+        &bin_of,
+        totals,
         length,
+        options,
         Some(batch_cost),
     ))
 }
@@ -166,9 +162,9 @@ pub fn pack_costs(
         budgets: &budgets,
     };
     let units = units::gather(&input, runs.as_deref(), groups, &pack_options, false)?;
-    let (bin_of, n_bins) = columns::first_fit_columns(&units);
-    let (offsets, ids) = units::units_by_bin(&bin_of, n_bins);
-    let packing = units::expand(&units, &offsets, &ids, |i| costs[i * columns], None);
+    let (bin_of, totals) = columns::first_fit_columns(&units);
+    let length = |i: usize| costs[i * columns];
+    let packing = units::lay_out(&units, &bin_of, totals, length, &pack_options, None);
     let by_column = (0..units.columns())
         .map(|c| {
             let total: u64 = (0..units.len()).map(|u| units.cost(u)[c]).sum();

@@ -8,9 +8,13 @@
 
 use rayon::prelude::*;
 
+use super::assign::BinTotals;
+use super::layout;
 use super::options::{Oversize, PackOptions, MAX_TOKENS_LIMIT};
-use super::segments::PolicyCounts;
+use super::order::SegmentBins;
+use super::segments::{PolicyCounts, Segments};
 use super::Packing;
+use crate::buffers::with_capacity_huge;
 use crate::error::{Error, Result};
 
 /// The runs of equal ids in `groups`: the first sequence of each run, then `groups.len()`.
@@ -289,68 +293,69 @@ fn oversize_error(
     ))
 }
 
-/// The units of every bin, listed bin by bin in unit order, from the bin of each unit.
-pub fn units_by_bin(bin_of: &[u32], n_bins: usize) -> (Vec<i64>, Vec<i64>) {
-    let mut offsets = vec![0i64; n_bins + 1];
-    for &bin in bin_of {
-        offsets[bin as usize + 1] += 1;
-    }
-    for b in 0..n_bins {
-        offsets[b + 1] += offsets[b];
-    }
-    let mut next: Vec<i64> = offsets[..n_bins].to_vec();
-    let mut listed = vec![0i64; bin_of.len()];
-    for (u, &bin) in bin_of.iter().enumerate() {
-        listed[next[bin as usize] as usize] = u as i64;
-        next[bin as usize] += 1;
-    }
-    (offsets, listed)
-}
-
-/// The packing of the members of `units` placed bin by bin as `unit_offsets` (`n_bins +
-/// 1` offsets into `unit_ids`) says; each bin costs its units' column-0 costs, or
-/// `padded_cost` where given. `length(i)` is the tokens of input sequence `i`.
-pub fn expand(
+/// The packing of the members of `units`, unit `u` placed in bin `bin_of[u]`, where
+/// `totals` counts units (not members) per bin and their column-0 costs: each bin lists its
+/// members in input order, so a group stays consecutive and in order; each costs its
+/// units' column-0 costs, or `padded_cost` where given. `length(i)` is the tokens of input
+/// sequence `i` (at most the capacity).
+///
+/// The members become segments for the layout of every packing, which scatters them to
+/// their bins reading them in input order (reading them bin by bin instead costs a cache
+/// miss per unit, several times the whole packing).
+pub fn lay_out(
     units: &Units,
-    unit_offsets: &[i64],
-    unit_ids: &[i64],
+    bin_of: &[u32],
+    mut totals: BinTotals,
     length: impl Fn(usize) -> i64,
+    options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
 ) -> Packing {
-    let n_bins = unit_offsets.len().saturating_sub(1);
-    let n_members: usize = (0..units.len()).map(|u| units.members(u).len()).sum();
-    let mut bin_offsets = Vec::with_capacity(n_bins + 1);
-    let mut indices = Vec::with_capacity(n_members);
-    let mut lengths = Vec::with_capacity(n_members);
-    let mut bin_tokens = Vec::with_capacity(n_bins);
-    bin_offsets.push(0i64);
-    let mut segment_cost = 0u64;
-    for bin in 0..n_bins {
-        let mut tokens = 0u64;
-        for &u in &unit_ids[unit_offsets[bin] as usize..unit_offsets[bin + 1] as usize] {
-            let u = u as usize;
-            tokens += units.tokens(u);
-            for i in units.members(u) {
-                indices.push(i as i64);
-                lengths.push(length(i));
+    // Members per bin: the smallest unit size times the units, plus what larger units add
+    // (one by one: an access to a random bin, which pairs of equal size never need).
+    let smallest = (0..units.len())
+        .map(|u| units.members(u).len())
+        .min()
+        .unwrap_or(1) as u32;
+    totals.sizes.iter_mut().for_each(|size| *size *= smallest);
+    let n_members: usize = units
+        .first
+        .iter()
+        .zip(&units.end)
+        .map(|(&a, &b)| (b - a) as usize)
+        .sum();
+    let kept_all = units.counts.dropped_seqs == 0;
+    let mut lengths = with_capacity_huge(n_members);
+    let mut member_bins = with_capacity_huge(n_members);
+    let mut sequence = (!kept_all).then(|| with_capacity_huge(n_members));
+    for (u, &bin) in bin_of.iter().enumerate() {
+        let members = units.members(u);
+        let extra = members.len() as u32 - smallest;
+        if extra > 0 {
+            totals.sizes[bin as usize] += extra;
+        }
+        for i in members {
+            lengths.push(length(i) as u32);
+            member_bins.push(bin);
+            if let Some(sequence) = &mut sequence {
+                sequence.push(i as u32);
             }
         }
-        segment_cost += tokens;
-        bin_tokens.push(tokens as i64);
-        bin_offsets.push(indices.len() as i64);
     }
-    if let Some(padded) = padded_cost {
-        bin_tokens = padded.into_iter().map(|cost| cost as i64).collect();
-    }
-    Packing {
-        bin_offsets,
-        indices,
-        starts: None,
+    let segments = Segments {
         lengths,
-        bin_tokens,
+        sequence,
+        starts: None,
         counts: units.counts.clone(),
-        segment_cost,
-    }
+    };
+    let outputs = layout::OutputBuffers::new(&segments, false);
+    layout::build(
+        &segments,
+        SegmentBins::Listed(member_bins),
+        totals,
+        options,
+        padded_cost,
+        outputs,
+    )
 }
 
 #[cfg(test)]
