@@ -28,7 +28,7 @@ from tokenbatch.memory import (
     plan,
     profile,
 )
-from tokenbatch.packing import Packing, batch_padded, pack
+from tokenbatch.packing import Packing, batch_padded, pack, pack_costs
 from tokenbatch.stream import StreamPacker
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "get_num_threads",
     "max_micro_batch_tokens",
     "pack",
+    "pack_costs",
     "plan",
     "profile",
     "scaling",

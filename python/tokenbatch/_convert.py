@@ -201,3 +201,36 @@ def check_state_format(saved: object, expected: str, owner: str) -> None:
             "same way. Start again, or resume with the tokenbatch version that saved it"
         )
     raise InvalidValueError(f"state is not a {owner} state (format={saved!r})")
+
+
+def as_group_ids(values: Any) -> npt.NDArray[np.int64] | None:
+    """Return group ids (one per sequence) as a contiguous int64 array, or ``None``.
+
+    A C-contiguous int64 array passes through without a copy; the core checks the count.
+    """
+    if values is None:
+        return None
+    array = as_lengths(values, "groups")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def as_cost_matrix(values: Any) -> npt.NDArray[np.int64]:
+    """Return ``values`` as a C-contiguous 2-D int64 array (one row per sequence).
+
+    A C-contiguous int64 array passes through without a copy; other integer dtypes and
+    lists of rows are converted once. Floats, booleans and other shapes are refused.
+    """
+    try:
+        array = values if isinstance(values, np.ndarray) else np.asarray(values)
+    except (ValueError, TypeError) as exc:  # ragged rows
+        raise InvalidTypeError(f"costs could not be read as an integer matrix: {exc}") from exc
+    if array.ndim != 2:
+        raise InvalidTypeError(
+            f"costs must be two-dimensional (one row per sequence, one column per budget), "
+            f"got an array of shape {array.shape}"
+        )
+    if array.dtype.kind not in "iu":
+        raise InvalidTypeError(f"costs must hold integers, got dtype {array.dtype}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) > _INT64_MAX:
+        raise TokenBatchOverflowError("costs hold a value that does not fit in int64")
+    return np.ascontiguousarray(array, dtype=np.int64)

@@ -13,6 +13,7 @@ from typing_extensions import Self, disjoint_base
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
     "DEAL_FORMAT",
+    "MAX_COST_COLUMNS",
     "ContextParallelShard",
     "Dealer",
     "EpochDeal",
@@ -38,6 +39,7 @@ __all__ = [
     "memory_stages",
     "mix_seed",
     "pack",
+    "pack_costs",
     "permutation",
     "set_num_threads",
 ]
@@ -114,11 +116,25 @@ def pack(
     pad_to_multiple_of: int,
     oversize: str,
     seed: int,
+    groups: _I64 | None = None,
 ) -> Packing: ...
 def batch_padded(
     lengths: _Lengths,
     max_tokens: int,
     *,
+    max_seqs: int | None,
+    pad_to_multiple_of: int,
+    oversize: str,
+    groups: _I64 | None = None,
+) -> Packing: ...
+
+MAX_COST_COLUMNS: int
+
+def pack_costs(
+    costs: _I64,
+    max_costs: list[int],
+    *,
+    groups: _I64 | None,
     max_seqs: int | None,
     pad_to_multiple_of: int,
     oversize: str,

@@ -26,6 +26,10 @@ pub enum Error {
         max_tokens: u64,
         detail: String,
     },
+    /// A group of sequences (or a sequence under several budgets) costs more than a budget
+    /// and the policy says to refuse it; the message names it, its cost and the budget.
+    #[error("{0}")]
+    OversizeGroup(String),
     /// An integer result does not fit in its type (totals beyond 2^63, too many items).
     #[error("{0}")]
     Overflow(String),

@@ -33,7 +33,7 @@ impl From<CoreError> for PyErr {
         let message = error.to_string();
         match error {
             Error::InvalidValue(_) => InvalidValueError::new_err(message),
-            Error::Oversize { .. } => OversizeError::new_err(message),
+            Error::Oversize { .. } | Error::OversizeGroup(_) => OversizeError::new_err(message),
             Error::Overflow(_) => TokenBatchOverflowError::new_err(message),
         }
     }

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple};
 use tokenbatch_core::packing::{
-    self, Bins, Length, PackOptions, Packing, PackingKind, PolicyCounts,
+    self, Bins, CostOptions, Length, PackOptions, Packing, PackingKind, PolicyCounts,
 };
 
 use crate::arrays::{as_slice, readonly_or_zeros, readonly_slice, readonly_zeros, IntArray};
@@ -381,28 +381,35 @@ impl PackingBins {
 fn run<'py>(
     py: Python<'py>,
     lengths: IntArray<'py>,
+    groups: Option<PyReadonlyArray1<'py, i64>>,
     options: PackOptions,
     kind: PackingKind,
 ) -> PyResult<Bound<'py, PyPacking>> {
     fn call<L: Length>(
         lengths: &[L],
+        groups: Option<&[i64]>,
         options: &PackOptions,
         kind: PackingKind,
     ) -> tokenbatch_core::Result<Bins> {
-        let packing = match kind {
-            PackingKind::Padded => packing::batch_padded(lengths, options),
-            PackingKind::Packed => packing::pack(lengths, options),
+        let packing = match (kind, groups) {
+            (PackingKind::Padded, None) => packing::batch_padded(lengths, options),
+            (PackingKind::Packed, None) => packing::pack(lengths, options),
+            (PackingKind::Padded, Some(ids)) => {
+                packing::batch_padded_grouped(lengths, ids, options)
+            }
+            (PackingKind::Packed, Some(ids)) => packing::pack_grouped(lengths, ids, options),
         }?;
         Ok(Bins::new(packing, options, lengths.len(), kind))
     }
+    let groups = groups.as_ref().map(as_slice).transpose()?;
     let bins = match &lengths {
         IntArray::I64(array) => {
             let slice = as_slice(array)?;
-            detach_parallel(py, || call(slice, &options, kind))
+            detach_parallel(py, || call(slice, groups, &options, kind))
         }
         IntArray::I32(array) => {
             let slice = as_slice(array)?;
-            detach_parallel(py, || call(slice, &options, kind))
+            detach_parallel(py, || call(slice, groups, &options, kind))
         }
     }
     .into_py_result()?;
@@ -411,7 +418,7 @@ fn run<'py>(
 
 /// Pack lengths into token budgets (see `tokenbatch.pack`).
 #[pyfunction]
-#[pyo3(signature = (lengths, max_tokens, *, algorithm, max_seqs, pad_to_multiple_of, oversize, seed))]
+#[pyo3(signature = (lengths, max_tokens, *, algorithm, max_seqs, pad_to_multiple_of, oversize, seed, groups=None))]
 #[allow(clippy::too_many_arguments)]
 fn pack<'py>(
     py: Python<'py>,
@@ -422,6 +429,7 @@ fn pack<'py>(
     pad_to_multiple_of: i64,
     oversize: &str,
     seed: u64,
+    groups: Option<PyReadonlyArray1<'py, i64>>,
 ) -> PyResult<Bound<'py, PyPacking>> {
     guard("pack", || {
         let options = PackOptions::new(
@@ -433,13 +441,13 @@ fn pack<'py>(
             seed,
         )
         .into_py_result()?;
-        run(py, lengths, options, PackingKind::Packed)
+        run(py, lengths, groups, options, PackingKind::Packed)
     })
 }
 
 /// Padded token-budget batching (see `tokenbatch.batch_padded`).
 #[pyfunction]
-#[pyo3(signature = (lengths, max_tokens, *, max_seqs, pad_to_multiple_of, oversize))]
+#[pyo3(signature = (lengths, max_tokens, *, max_seqs, pad_to_multiple_of, oversize, groups=None))]
 fn batch_padded<'py>(
     py: Python<'py>,
     lengths: IntArray<'py>,
@@ -447,12 +455,44 @@ fn batch_padded<'py>(
     max_seqs: Option<i64>,
     pad_to_multiple_of: i64,
     oversize: &str,
+    groups: Option<PyReadonlyArray1<'py, i64>>,
 ) -> PyResult<Bound<'py, PyPacking>> {
     guard("batch_padded", || {
         let options =
             PackOptions::new(max_tokens, max_seqs, pad_to_multiple_of, oversize, "bfd", 0)
                 .into_py_result()?;
-        run(py, lengths, options, PackingKind::Padded)
+        run(py, lengths, groups, options, PackingKind::Padded)
+    })
+}
+
+/// Pack under several budgets at once (see `tokenbatch.pack_costs`).
+#[pyfunction]
+#[pyo3(signature = (costs, max_costs, *, groups, max_seqs, pad_to_multiple_of, oversize))]
+fn pack_costs<'py>(
+    py: Python<'py>,
+    costs: PyReadonlyArray2<'py, i64>,
+    max_costs: Vec<i64>,
+    groups: Option<PyReadonlyArray1<'py, i64>>,
+    max_seqs: Option<i64>,
+    pad_to_multiple_of: i64,
+    oversize: &str,
+) -> PyResult<Bound<'py, PyPacking>> {
+    guard("pack_costs", || {
+        let columns = costs.shape()[1];
+        let values = costs
+            .as_slice()
+            .map_err(|_| InvalidTypeError::new_err("costs must be a C-contiguous 2-D array"))?;
+        let groups = groups.as_ref().map(as_slice).transpose()?;
+        let options = CostOptions {
+            max_seqs,
+            pad_to_multiple_of,
+            oversize,
+        };
+        let bins = detach_parallel(py, || {
+            packing::pack_costs(values, columns, &max_costs, groups, options)
+        })
+        .into_py_result()?;
+        Bound::new(py, PyPacking::new(bins))
     })
 }
 
@@ -461,5 +501,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PackingBins>()?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
     m.add_function(wrap_pyfunction!(batch_padded, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_costs, m)?)?;
+    m.add("MAX_COST_COLUMNS", packing::MAX_COST_COLUMNS)?;
     Ok(())
 }

@@ -11,13 +11,17 @@
 mod assign;
 mod bins;
 mod capacity_index;
+mod columns;
+mod grouped;
 mod layout;
 mod options;
 mod order;
 mod segments;
 pub mod stream;
+mod units;
 
 pub use bins::{Bins, PackingKind};
+pub use grouped::{batch_padded_grouped, pack_costs, pack_grouped, CostOptions, MAX_COST_COLUMNS};
 pub use options::{Algorithm, Oversize, PackOptions, MAX_TOKENS_LIMIT};
 pub use segments::{pieces, Length, PolicyCounts};
 
@@ -70,15 +74,33 @@ impl Packing {
 /// Pack `lengths` into bins of at most `options.max_tokens` cost.
 pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
-    let order = match options.algorithm {
-        Algorithm::BestFitDecreasing | Algorithm::FirstFitDecreasing => {
-            OfferOrder::decreasing_cost(&segments, options)
-        }
-        Algorithm::NextFit => OfferOrder::Input,
-        Algorithm::FirstFitShuffled => OfferOrder::shuffled(&segments, options.seed),
-    };
+    let order = offer_order(&segments, options);
     let (assignment, outputs) = with_outputs(&segments, || order.assign(&segments, options));
     Ok(finish(segments, &order, assignment, options, None, outputs))
+}
+
+/// The order in which `options.algorithm` offers the segments.
+fn offer_order(segments: &Segments, options: &PackOptions) -> OfferOrder {
+    match options.algorithm {
+        Algorithm::BestFitDecreasing | Algorithm::FirstFitDecreasing => {
+            OfferOrder::decreasing_cost(segments, options)
+        }
+        Algorithm::NextFit => OfferOrder::Input,
+        Algorithm::FirstFitShuffled => OfferOrder::shuffled(segments, options.seed),
+    }
+}
+
+/// The bin of each of `lengths` (by index) under `options`, which must keep every
+/// sequence whole, and what each bin holds.
+fn bins_by_index<L: Length>(
+    lengths: &[L],
+    options: &PackOptions,
+) -> Result<(Vec<u32>, assign::BinTotals)> {
+    let segments = segments::segment(lengths, options)?;
+    let order = offer_order(&segments, options);
+    let assignment = order.assign(&segments, options);
+    let bins = order.segment_bins(&segments, options, assignment.bin_of);
+    Ok((bins.into_listed(), assignment.bins))
 }
 
 /// Padded token-budget batching: a batch of `n` segments costs `n x` its longest cost.
@@ -142,3 +164,5 @@ fn finish(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod units_tests;

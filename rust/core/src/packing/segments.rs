@@ -31,6 +31,15 @@ impl Length for i64 {
     }
 }
 
+/// Costs of units of several sequences (see `units`), which are below the budget and so
+/// below `i64::MAX`.
+impl Length for u64 {
+    #[inline]
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+}
+
 /// What the oversize policy did, for the packing summary.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyCounts {
