@@ -1,6 +1,7 @@
 """Evaluation passes on 1, 2 and 3 CPU processes (torchrun, gloo): every document exactly
 once, equal steps, and the losses of a float64 tiny Llama on packed micro-batches equal to
-a single-process evaluation of each document alone, unpacked."""
+a single-process evaluation of each document alone, unpacked; the same through
+``TokenBudgetTrainer.evaluate()`` and Lightning's ``validate`` on 2 ranks."""
 
 from __future__ import annotations
 
@@ -99,3 +100,43 @@ def test_losses_equal_each_document_evaluated_alone(runs: Logs, unpacked: dict[s
     corpus_mean = math.fsum(unpacked["sums"]) / sum(unpacked["tokens"])
     assert math.isclose(result["loss"], corpus_mean, rel_tol=1e-6)
     assert result["tokens"] == sum(unpacked["tokens"])
+
+
+def trainer_log(script: str, out: Path) -> dict[int, dict[str, Any]]:
+    """Run ``tests/runs/<script>`` on 2 ranks; each rank's last record."""
+    run_support.torchrun(RUNS / script, [str(out)], nproc=2, cwd=out, timeout=TIMEOUT_S)
+    return {
+        int(path.name.removesuffix(".jsonl").split(".rank")[1]): json.loads(
+            path.read_text().splitlines()[-1]
+        )
+        for path in out.glob("*.rank*.jsonl")
+    }
+
+
+@pytest.fixture(scope="module", params=["hf_evaluate.py", "lightning_validate.py"])
+def trainer_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict[int, dict[str, Any]]]:
+    script: str = request.param
+    return script, trainer_log(script, tmp_path_factory.mktemp(script.removesuffix(".py")))
+
+
+def test_trainers_report_the_exact_corpus_loss(
+    trainer_run: tuple[str, dict[int, dict[str, Any]]], unpacked: dict[str, Any]
+) -> None:
+    script, results = trainer_run
+    assert sorted(results) == [0, 1]
+    # The metrics hold each rank's own timings.
+    reduced = [{k: v for k, v in result.items() if k != "metrics"} for result in results.values()]
+    assert reduced[0] == reduced[1], "ranks reduced different results"
+    result = results[0]
+    prefix = "eval" if script == "hf_evaluate.py" else "val"
+    corpus_mean = math.fsum(unpacked["sums"]) / sum(unpacked["tokens"])
+    assert math.isclose(result["loss"], corpus_mean, rel_tol=1e-6)
+    # Lightning logs metrics in float32.
+    assert math.isclose(result["metrics"][f"{prefix}_loss"], corpus_mean, rel_tol=1e-6)
+    assert result["metrics"][f"{prefix}_tokens"] == result["tokens"] == sum(unpacked["tokens"])
+    assert result["document_tokens"] == unpacked["tokens"]
+    pairs = zip(result["document_losses"], unpacked["sums"], unpacked["tokens"], strict=True)
+    for got, s, t in pairs:
+        assert got is None if t == 0 else math.isclose(got, s / t, rel_tol=1e-6, abs_tol=1e-9)

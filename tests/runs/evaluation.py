@@ -25,6 +25,7 @@ from tokenbatch.torch import (
     EvaluationBatchSampler,
     EvaluationCollator,
     EvaluationDataset,
+    EvaluationResult,
     model_inputs,
 )
 
@@ -62,14 +63,18 @@ def evaluate(model: Any, docs: list[dict[str, list[int]]], log: Log, workers: in
                 padding=bool(batch["padding_batch"]),
                 labels=int((batch["labels"][0, 1:] != -100).sum()),
             )
-    result = losses.reduce()
+    log_result(log, losses.reduce(), steps=len(sampler))
+
+
+def log_result(log: Log, result: EvaluationResult, **extra: Any) -> None:
+    """Record a reduced result (``None`` for the mean of a document without labels)."""
     log.write(
         kind="result",
-        steps=len(sampler),
         loss=result.loss,
         tokens=result.tokens,
         document_losses=[None if x != x else x for x in result.document_losses.tolist()],
         document_tokens=result.document_tokens.tolist(),
+        **extra,
     )
 
 
