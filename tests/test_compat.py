@@ -35,6 +35,7 @@ INTEGRATIONS = {
     "tokenbatch.integrations.accelerate": ("accelerate",),
     "tokenbatch.integrations.lightning": ("lightning",),
     "tokenbatch.integrations._sharding": ("accelerate",),
+    "tokenbatch.integrations._hf_evaluation": ("transformers",),
     "tokenbatch.torch.sampler": ("accelerate", "torch"),
     "tokenbatch.hf": ("datasets", "pyarrow"),
     "tokenbatch.ray": ("ray", "pyarrow"),

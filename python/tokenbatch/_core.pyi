@@ -13,6 +13,7 @@ from typing_extensions import Self, disjoint_base
 # pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
     "DEAL_FORMAT",
+    "EMPTY_SLOT",
     "MAX_COST_COLUMNS",
     "ContextParallelShard",
     "Dealer",
@@ -29,6 +30,7 @@ __all__ = [
     "batch_padded",
     "cp_rank_major_order",
     "cp_shard",
+    "evaluation_table",
     "gather_segments",
     "get_num_threads",
     "memory_fields",
@@ -223,6 +225,19 @@ class RankBatches(Iterator[Any]):
 
 def mix_seed(parts: list[int]) -> int: ...
 def permutation(seed: int, n: int) -> _I64: ...
+
+# --- evaluation ---
+
+EMPTY_SLOT: int
+
+def evaluation_table(
+    packing: Packing,
+    num_replicas: int,
+    *,
+    balance: str | None,
+    pad_to_multiple_of: int,
+    hidden_size: int | None,
+) -> npt.NDArray[np.int64]: ...
 
 # --- gather ---
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenbatch.errors import InvalidTypeError
+from tokenbatch.torch.evaluation import EvaluationBatchSampler
 from tokenbatch.torch.sampler import TokenBudgetBatchSampler
 
 
@@ -37,3 +38,26 @@ class SamplerFrom:
                 )
             self.sampler = sampler
         return self.sampler
+
+
+def check_evaluation_source(source: Any, takes: str) -> None:
+    """Refuse an ``eval_batch_sampler`` that is neither ``None``, an
+    :class:`EvaluationBatchSampler` nor a function (called with ``takes``)."""
+    if not (source is None or isinstance(source, EvaluationBatchSampler) or callable(source)):
+        raise InvalidTypeError(
+            "eval_batch_sampler must be an EvaluationBatchSampler or a function (called with "
+            f"{takes}) that returns one, got {type(source).__name__}"
+        )
+
+
+def build_evaluation_sampler(source: Any, *args: Any) -> EvaluationBatchSampler:
+    """The evaluation sampler ``source`` is, or the one its function returns for ``args``."""
+    if isinstance(source, EvaluationBatchSampler):
+        return source
+    sampler = source(*args)
+    if not isinstance(sampler, EvaluationBatchSampler):
+        raise InvalidTypeError(
+            "the eval_batch_sampler function must return an EvaluationBatchSampler, got "
+            f"{type(sampler).__name__}"
+        )
+    return sampler

@@ -23,6 +23,19 @@ tokens of its whole optimizer step over all ranks to normalize the loss::
 already distributed (with it on, Lightning refuses the sampler before training, naming the
 option). The callback uses Lightning's hooks only, and at every epoch's start checks that
 the loader Lightning trains on still draws from its sampler.
+
+Given an ``eval_batch_sampler`` (an :class:`~tokenbatch.torch.EvaluationBatchSampler`),
+the callback also runs exact validation: every document of the validation set once over
+the ranks, each rank's per-document losses collected by :meth:`TokenBudgetCallback.add_eval_batch`
+and reduced at the end of the validation epoch into ``val_loss``, the corpus token-mean::
+
+    def val_dataloader(self):
+        return DataLoader(EvaluationDataset(val_set), batch_sampler=budget.eval_sampler,
+                          collate_fn=EvaluationCollator())
+
+    def validation_step(self, batch, batch_idx):
+        logits = self.model(**model_inputs(batch), use_cache=False).logits
+        budget.add_eval_batch(logits, batch)
 """
 
 from __future__ import annotations
@@ -36,7 +49,13 @@ import numpy.typing as npt
 from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.integrations._source import SamplerFrom
+from tokenbatch.integrations._source import (
+    SamplerFrom,
+    build_evaluation_sampler,
+    check_evaluation_source,
+)
+from tokenbatch.torch.document_loss import DocumentLosses, EvaluationResult
+from tokenbatch.torch.evaluation import EvaluationBatchSampler
 from tokenbatch.torch.sampler import TokenBudgetBatchSampler
 from tokenbatch.torch.steps import OptimizerSteps, optimizer_steps
 
@@ -54,11 +73,19 @@ class TokenBudgetCallback(pl.Callback):
             ``num_replicas=trainer.world_size, rank=trainer.global_rank``.
         label_counts: label tokens of every sequence when labels mask more than each
             sequence's first token (see :func:`tokenbatch.torch.optimizer_steps`).
+        eval_batch_sampler: optional: the validation set's
+            :class:`~tokenbatch.torch.EvaluationBatchSampler`, or a function returning it
+            (called in ``setup``, as ``batch_sampler``). Validation then logs
+            ``{eval_prefix}_loss``, the token-mean loss over the whole validation set, and
+            :attr:`last_evaluation` holds every document's own loss; the sanity check's
+            partial pass is not reduced.
+        eval_prefix: the prefix of the logged validation metrics.
 
     Raises:
-        InvalidValueError: in ``setup``, the sampler was built for other ranks than the
+        InvalidValueError: in ``setup``, a sampler was built for other ranks than the
             Trainer's; at an epoch's start, the training loader does not draw its batches
-            from the sampler (Lightning replaced it).
+            from the sampler (Lightning replaced it); at the end of validation, a
+            document no rank evaluated (a partial pass: ``limit_val_batches``).
     """
 
     def __init__(
@@ -66,7 +93,18 @@ class TokenBudgetCallback(pl.Callback):
         batch_sampler: TokenBudgetBatchSampler | Callable[[], TokenBudgetBatchSampler],
         *,
         label_counts: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+        eval_batch_sampler: EvaluationBatchSampler
+        | Callable[[], EvaluationBatchSampler]
+        | None = None,
+        eval_prefix: str = "val",
     ) -> None:
+        check_evaluation_source(eval_batch_sampler, "no arguments")
+        self._eval_source = eval_batch_sampler
+        self._eval_sampler: EvaluationBatchSampler | None = None
+        self._eval_losses: DocumentLosses | None = None
+        self.eval_prefix = eval_prefix
+        #: The result of the last complete validation pass (``None`` before one).
+        self.last_evaluation: EvaluationResult | None = None
         self._source = SamplerFrom(batch_sampler, "no arguments")
         self._label_counts = label_counts
         self._steps: OptimizerSteps | None = None
@@ -111,16 +149,53 @@ class TokenBudgetCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Build the sampler (once the processes exist) and check it against the Trainer."""
-        sampler = self._source.build()
-        if (sampler.num_replicas, sampler.rank) != (trainer.world_size, trainer.global_rank):
-            raise InvalidValueError(
-                f"the sampler was built for rank {sampler.rank} of {sampler.num_replicas}, but "
-                f"this is rank {trainer.global_rank} of {trainer.world_size}: pass a function "
-                "that builds it (called once the processes exist), or build it with "
-                "num_replicas=trainer.world_size, rank=trainer.global_rank"
-            )
+        _check_ranks(self._source.build(), trainer)
         self._world_size = trainer.world_size
         self._accumulate = trainer.accumulate_grad_batches
+        source = self._eval_source
+        if source is not None and self._eval_sampler is None:
+            eval_sampler = build_evaluation_sampler(source)
+            _check_ranks(eval_sampler, trainer)
+            self._eval_sampler = eval_sampler
+
+    # -- validation ---------------------------------------------------------------------
+
+    @property
+    def eval_sampler(self) -> EvaluationBatchSampler:
+        """The validation batch sampler, for the ``val_dataloader`` hook (built in
+        ``setup``)."""
+        if self._eval_sampler is None:
+            raise InvalidValueError(
+                "no evaluation sampler: pass eval_batch_sampler to the callback, and read "
+                "eval_sampler in val_dataloader(), once the Trainer has set the callback up"
+            )
+        return self._eval_sampler
+
+    def add_eval_batch(self, logits: Any, batch: Any) -> None:
+        """Add the per-document losses of one validation row (an
+        :class:`~tokenbatch.torch.EvaluationCollator` batch) from the model's logits."""
+        if self._eval_losses is None:
+            raise InvalidValueError(
+                "add_eval_batch is for validation_step, between the validation epoch's start "
+                "and end"
+            )
+        self._eval_losses.add_batch(logits, batch)
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Start collecting the pass's per-document losses."""
+        if self._eval_sampler is not None:
+            self._eval_losses = DocumentLosses(self._eval_sampler.n_documents)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Reduce the pass over the ranks and log ``{eval_prefix}_loss`` (the same value on
+        every rank); the sanity check's partial pass is dropped."""
+        losses, self._eval_losses = self._eval_losses, None
+        if losses is None or trainer.sanity_checking:
+            return
+        result = losses.reduce()
+        self.last_evaluation = result
+        for name, value in result.metrics(self.eval_prefix).items():
+            pl_module.log(name, value, sync_dist=False)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Set the sampler's epoch (Lightning sets a loader's sampler's, not its batch
@@ -163,3 +238,17 @@ class TokenBudgetCallback(pl.Callback):
             sampler.set_epoch(sampler.epoch + 1)
         self._start = self._position = sampler.start_step
         self._steps = None
+
+
+def _check_ranks(
+    sampler: TokenBudgetBatchSampler | EvaluationBatchSampler, trainer: pl.Trainer
+) -> None:
+    """Refuse a sampler built for other ranks than the Trainer's."""
+    if (sampler.num_replicas, sampler.rank) != (trainer.world_size, trainer.global_rank):
+        raise InvalidValueError(
+            f"the {type(sampler).__name__} was built for rank {sampler.rank} of "
+            f"{sampler.num_replicas}, but this is rank {trainer.global_rank} of "
+            f"{trainer.world_size}: pass a function that builds it (called once the "
+            "processes exist), or build it with num_replicas=trainer.world_size, "
+            "rank=trainer.global_rank"
+        )

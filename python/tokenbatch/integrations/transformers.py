@@ -34,6 +34,11 @@ holds the value you gave. The Trainer's removal of unused columns is reached thr
 ``tokenbatch.integrations._compat.transformers``, the only private hooks.
 ``per_device_train_batch_size``, ``group_by_length`` and ``dataloader_drop_last`` do not
 apply: the sampler decides the batches.
+
+With an ``eval_batch_sampler`` (an :class:`~tokenbatch.torch.EvaluationBatchSampler`),
+``evaluate()`` runs every document of the evaluation set exactly once over the ranks and
+reports the exact corpus token-mean loss, through the public ``get_eval_dataloader`` and
+``evaluation_loop``.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +62,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.integrations._compat import transformers as transformers_compat
+from tokenbatch.integrations._hf_evaluation import EvaluationTrainerMixin
 from tokenbatch.integrations._source import SamplerFrom
 from tokenbatch.integrations.accelerate import PlanBatches, prepare_batches
 from tokenbatch.torch.collate import PackedCollator
@@ -77,12 +83,6 @@ _LOADER_ARGUMENTS = {
     "multiprocessing_context": "dataloader_multiprocessing_context",
     "in_order": "dataloader_in_order",
 }
-
-# The mixin calls Trainer methods through super(); type-check it as a Trainer.
-if TYPE_CHECKING:
-    _TrainerBase = Trainer
-else:
-    _TrainerBase = object
 
 
 class _StepBatches(list):  # type: ignore[type-arg]
@@ -165,7 +165,7 @@ class _StepCursor:
         return batches, int(self.steps.label_tokens[step])
 
 
-class TokenBudgetTrainerMixin(_TrainerBase):
+class TokenBudgetTrainerMixin(EvaluationTrainerMixin):
     """Token-budget training for a ``transformers.Trainer`` subclass (see the module
     documentation); put it first among the bases, as :class:`TokenBudgetTrainer` and
     :class:`tokenbatch.integrations.trl.TokenBudgetSFTTrainer` do.
@@ -178,6 +178,12 @@ class TokenBudgetTrainerMixin(_TrainerBase):
             ``TrainingArguments``, which start the process group.
         label_counts: label tokens of every sequence when labels mask more than each
             sequence's first token (see :func:`tokenbatch.torch.optimizer_steps`).
+        eval_batch_sampler: optional: the
+            :class:`~tokenbatch.torch.EvaluationBatchSampler` of the evaluation set, or a
+            function of the evaluation set that builds it. ``evaluate()`` then sees every
+            document exactly once over the ranks and reports the corpus token-mean loss;
+            :attr:`last_evaluation` holds every document's own loss too (see
+            :class:`tokenbatch.integrations._hf_evaluation.EvaluationTrainerMixin`).
         *args, **kwargs: the Trainer's own arguments. ``data_collator`` defaults to
             :class:`~tokenbatch.torch.PackedCollator`.
 

@@ -1,7 +1,8 @@
 """PyTorch integration: a token-budget batch sampler for distributed training, the
 collators that turn its batches into padding-free or padded tensors (also of preference
-pairs and of vision-language documents), and a streaming dataset that packs a stream of
-unknown length.
+pairs and of vision-language documents), a streaming dataset that packs a stream of
+unknown length, and evaluation passes that see every document once and reduce the losses
+exactly.
 
 ::
 
@@ -20,6 +21,13 @@ from __future__ import annotations
 from tokenbatch.torch.collate import PackedCollator, PaddedCollator
 from tokenbatch.torch.context_parallel import ContextParallelCollator, shard_batch, unshard
 from tokenbatch.torch.data import SegmentDataset, sequence_lengths
+from tokenbatch.torch.document_loss import DocumentLosses, EvaluationResult, document_losses
+from tokenbatch.torch.evaluation import (
+    EvaluationBatchSampler,
+    EvaluationCollator,
+    EvaluationDataset,
+    model_inputs,
+)
 from tokenbatch.torch.preference import (
     IncompletePairError,
     PreferenceCollator,
@@ -36,6 +44,11 @@ from tokenbatch.torch.vision import VisionLanguageCollator, mrope_position_ids
 __all__ = [
     "BatchIndices",
     "ContextParallelCollator",
+    "DocumentLosses",
+    "EvaluationBatchSampler",
+    "EvaluationCollator",
+    "EvaluationDataset",
+    "EvaluationResult",
     "IncompletePairError",
     "OptimizerSteps",
     "PackedCollator",
@@ -45,7 +58,9 @@ __all__ = [
     "StreamingDataset",
     "TokenBudgetBatchSampler",
     "VisionLanguageCollator",
+    "document_losses",
     "dpo_loss",
+    "model_inputs",
     "mrope_position_ids",
     "optimizer_steps",
     "pair_lengths",

@@ -43,8 +43,7 @@ def stop_together(
         yield from batches
         return
     if device is None:
-        nccl = torch.distributed.get_backend(group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
+        device = collective_device(group)
     flag = torch.ones(1, dtype=torch.int32, device=device)
     iterator = iter(batches)
     while True:
@@ -59,3 +58,11 @@ def stop_together(
         if int(flag.item()) == 0:
             return
         yield batch
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """Where the tensors of a collective of ``group`` live: the current CUDA device for the
+    ``nccl`` backend, else the CPU."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

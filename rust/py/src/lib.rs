@@ -11,6 +11,7 @@ mod arrays;
 mod context_parallel;
 mod deal;
 mod error;
+mod evaluation;
 mod gather;
 mod memory;
 mod model_spec;
@@ -27,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     context_parallel::register(m)?;
     deal::register(m)?;
+    evaluation::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
     model_spec::register(m)?;

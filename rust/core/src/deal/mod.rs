@@ -14,6 +14,7 @@
 
 mod costs;
 mod divide;
+mod evaluation;
 mod rest;
 mod stats;
 mod steps;
@@ -29,6 +30,7 @@ use crate::rng::mix_seed;
 
 pub use costs::{BinCost, CostKind};
 pub use divide::DivideReport;
+pub use evaluation::{evaluation_table, EMPTY_SLOT};
 pub use rest::Run;
 pub use stats::{DealStats, Imbalance};
 
