@@ -35,9 +35,9 @@ from tokenbatch._convert import as_choice, as_int, as_lengths, replicas_and_rank
 from tokenbatch.distribute import Balance
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import Packing, pack
+from tokenbatch.torch._items import item_tokens
 from tokenbatch.torch._row import row_collator
 from tokenbatch.torch.collate import PackedCollator
-from tokenbatch.torch.data import _tokens
 
 __all__ = [
     "EMPTY_SLOT",
@@ -228,7 +228,7 @@ class EvaluationCollator:
             index, item = pair
             items.append(item)
             # The row collator skips empty documents: their ids go apart.
-            has_tokens = len(_tokens(item, collator.input_key, index)) > 0
+            has_tokens = len(item_tokens(item, collator.input_key, index)) > 0
             (documents if has_tokens else empty).append(as_int(index, "document index", minimum=0))
         row = collator(items)
         row["document_ids"] = torch.tensor(documents, dtype=torch.int64)
