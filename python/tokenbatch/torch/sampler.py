@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 from collections.abc import Iterator, Mapping, Sequence, Sized
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -18,151 +16,21 @@ from tokenbatch._convert import (
     as_int,
     as_lengths,
     as_seed,
-    check_same_config,
-    check_state_format,
     replicas_and_rank,
 )
-from tokenbatch.distribute import DEAL_FORMAT, Balance, Dealer, EpochDeal, Segment, mix_seed
+from tokenbatch.distribute import DEAL_FORMAT, Balance, Dealer, EpochDeal, Segment
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.integrations._sharding import accelerate_shards
-from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
+from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
 from tokenbatch.schedule import BatchSchedule
+from tokenbatch.torch._sampler_options import _OVERSIZE, _Option, _Options
+from tokenbatch.torch._sampler_state import _STATE_FORMAT, _Cursor, _read_state, _Runs
 
 __all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
 
 #: What the sampler yields: sequence indices, or ``(index, start, length)`` segments when
 #: sequences may be split or truncated (``oversize="split"`` or ``"truncate"``).
 BatchIndices = list[int] | list[Segment]
-
-_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/3"
-_OVERSIZE = ("error", "truncate", "split", "drop")
-
-#: Runs of an epoch on other world sizes before a resized resume: ``(num_replicas, steps)``.
-_Runs = tuple[tuple[int, int], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    """Everything that shapes the plans, validated once and never changed."""
-
-    lengths: npt.NDArray[np.int64]
-    max_tokens: int
-    mode: Literal["packed", "padded"]
-    algorithm: Algorithm
-    shuffle: bool
-    seed: int
-    num_replicas: int
-    rank: int
-    drop_last: bool
-    balance: Balance
-    oversize: OversizePolicy
-    max_seqs: int | None
-    pad_to_multiple_of: int
-    hidden_size: int | None
-    schedule: BatchSchedule | None
-
-    @property
-    def repacks_every_epoch(self) -> bool:
-        """``first_fit_shuffled`` with ``shuffle`` packs every epoch with its own seed."""
-        return self.mode == "packed" and self.algorithm == "first_fit_shuffled" and self.shuffle
-
-    def packing_epoch(self, epoch: int) -> int:
-        """The epoch whose packing ``epoch`` uses (0 unless every epoch repacks)."""
-        return epoch if self.repacks_every_epoch else 0
-
-    def packing(self, packing_epoch: int) -> Packing:
-        if self.mode == "padded":
-            return batch_padded(
-                self.lengths,
-                self.max_tokens,
-                max_seqs=self.max_seqs,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                oversize=self.oversize,
-            )
-        return pack(
-            self.lengths,
-            self.max_tokens,
-            algorithm=self.algorithm,
-            max_seqs=self.max_seqs,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            oversize=self.oversize,
-            seed=mix_seed(self.seed, packing_epoch) if self.repacks_every_epoch else self.seed,
-        )
-
-    def planner(self, packing: Packing) -> Dealer:
-        return Dealer(
-            packing,
-            self.num_replicas,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            balance=self.balance,
-            drop_last=self.drop_last,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            split_sequences=self.oversize == "split",
-            hidden_size=self.hidden_size,
-        )
-
-    def config(self) -> dict[str, Any]:
-        """The options a state records (the lengths enter through the fingerprint)."""
-        return {
-            "max_tokens": self.max_tokens,
-            "mode": self.mode,
-            "algorithm": self.algorithm,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "num_replicas": self.num_replicas,
-            "drop_last": self.drop_last,
-            "balance": self.balance,
-            "oversize": self.oversize,
-            "max_seqs": self.max_seqs,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
-            "hidden_size": self.hidden_size,
-            "schedule": None if self.schedule is None else repr(self.schedule),
-        }
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(self.lengths.astype("<i8", copy=False).tobytes())
-        options = {k: v for k, v in self.config().items() if k != "num_replicas"}
-        digest.update(repr(sorted(options.items())).encode())
-        return digest.hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cursor:
-    """Where the sampler stands: an epoch, the runs of it on other world sizes before a
-    resized resume, and the step the next iteration starts at."""
-
-    epoch: int = 0
-    resized: _Runs = ()
-    start: int = 0
-
-    @property
-    def plan_key(self) -> tuple[int, _Runs]:
-        return self.epoch, self.resized
-
-
-_T = TypeVar("_T")
-
-
-class _Option(Generic[_T]):
-    """A read-only attribute of the sampler: one of its frozen options."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> _Option[_T]: ...
-    @overload
-    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
-    def __get__(self, instance: object, owner: type | None = None) -> _T | _Option[_T]:
-        if instance is None:
-            return self
-        return cast(_T, getattr(instance._options, self._name))  # type: ignore[attr-defined]
-
-    def __set__(self, instance: object, value: _T) -> None:
-        raise AttributeError(f"{self._name} is fixed at construction")
 
 
 class TokenBudgetBatchSampler(Sampler[BatchIndices]):
@@ -558,7 +426,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 written under another deal format, is malformed, or leaves too few
                 sequences for this many ranks.
         """
-        cursor, tokens_before = self._read_state(state, as_bool(allow_resize, "allow_resize"))
+        cursor, tokens_before = _read_state(
+            self._options, state, as_bool(allow_resize, "allow_resize")
+        )
         plan = self._plan_at(cursor)
         if cursor.start > plan.n_steps:
             raise InvalidValueError(
@@ -570,60 +440,6 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self._iter_start = self._position = cursor.start
         if tokens_before is not None:
             self._tokens_before_cache[cursor.epoch] = tokens_before
-
-    def _read_state(
-        self, state: Mapping[str, Any], allow_resize: bool
-    ) -> tuple[_Cursor, int | None]:
-        """The cursor a state describes, checked against this sampler, and the tokens
-        consumed before its epoch if it records them."""
-        if not isinstance(state, Mapping):
-            raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
-        check_state_format(state.get("format"), _STATE_FORMAT, "TokenBudgetBatchSampler")
-        deal_format = state.get("deal_format")
-        if deal_format != DEAL_FORMAT:
-            raise InvalidValueError(
-                f"state was written under deal format {deal_format!r} and this version of "
-                f"tokenbatch deals with format {DEAL_FORMAT}: the batches of an epoch differ "
-                "between formats, so the position cannot be restored. Resume with the "
-                "tokenbatch version that wrote the state, or start the epoch afresh"
-            )
-        options = self._options
-        config = state.get("config")
-        saved_replicas = options.num_replicas
-        if isinstance(config, Mapping):
-            saved_replicas = as_int(config.get("num_replicas"), "state num_replicas", minimum=1)
-            if saved_replicas != options.num_replicas and not allow_resize:
-                raise InvalidValueError(
-                    f"state was saved with num_replicas={saved_replicas}, this sampler has "
-                    f"{options.num_replicas}; pass allow_resize=True to finish the epoch on "
-                    "this world size with the sequences not yet used"
-                )
-            current = {**options.config(), "num_replicas": saved_replicas}
-            check_same_config(config, current, "sampler")
-        if state.get("n_seqs") != len(options.lengths):
-            raise InvalidValueError(
-                f"state was saved for a dataset of {state.get('n_seqs')} sequences, "
-                f"this sampler has {len(options.lengths)}"
-            )
-        if state.get("fingerprint") != self.fingerprint():
-            raise InvalidValueError(
-                "state was saved for other sequence lengths (fingerprint mismatch): "
-                "a different or modified dataset"
-            )
-        epoch = as_int(state.get("epoch"), "state['epoch']", minimum=0)
-        step = as_int(state.get("step"), "state['step']", minimum=0)
-        resized = _resize_history(state.get("resized", []))
-        if saved_replicas != options.num_replicas:
-            if options.schedule is not None and options.drop_last:
-                raise InvalidValueError(
-                    "a resized resume with a schedule needs drop_last=False (the tokens of "
-                    "earlier epochs would depend on the world size)"
-                )
-            resized, step = (*resized, (saved_replicas, step)), 0
-        tokens_before = state.get("tokens_before_epoch")
-        if tokens_before is not None:
-            tokens_before = as_int(tokens_before, "state['tokens_before_epoch']", minimum=0)
-        return _Cursor(epoch=epoch, resized=resized, start=step), tokens_before
 
     def __getstate__(self) -> dict[str, Any]:
         # Plans and planners are caches of the Rust core: rebuilt, not pickled.
@@ -637,20 +453,3 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             f"max_tokens={self.max_tokens}, mode={self.mode!r}, "
             f"num_replicas={self.num_replicas}, rank={self.rank}, epoch={self.epoch})"
         )
-
-
-def _resize_history(value: object) -> _Runs:
-    """``state['resized']`` as ``(num_replicas, steps)`` pairs."""
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise InvalidValueError(f"state['resized'] must be a list of pairs, got {value!r}")
-    runs = []
-    for run in value:
-        if not isinstance(run, Sequence) or isinstance(run, str) or len(run) != 2:
-            raise InvalidValueError(f"state['resized'] holds {run!r}, not [num_replicas, steps]")
-        runs.append(
-            (
-                as_int(run[0], "state['resized'] num_replicas", minimum=1),
-                as_int(run[1], "state['resized'] steps", minimum=0),
-            )
-        )
-    return tuple(runs)
