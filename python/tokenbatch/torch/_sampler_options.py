@@ -14,6 +14,7 @@ import numpy.typing as npt
 from tokenbatch.distribute import Balance, Dealer, mix_seed
 from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
+from tokenbatch.torch._mixture import _Sources
 
 _OVERSIZE = ("error", "truncate", "split", "drop")
 
@@ -37,6 +38,7 @@ class _Options:
     pad_to_multiple_of: int
     hidden_size: int | None
     schedule: BatchSchedule | None
+    mixture: _Sources | None = None
 
     @property
     def repacks_every_epoch(self) -> bool:
@@ -95,6 +97,7 @@ class _Options:
             "pad_to_multiple_of": self.pad_to_multiple_of,
             "hidden_size": self.hidden_size,
             "schedule": None if self.schedule is None else repr(self.schedule),
+            **({} if self.mixture is None else {"mixture": self.mixture.config()}),
         }
 
     @functools.cached_property

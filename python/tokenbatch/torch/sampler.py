@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from tokenbatch import _core
 from tokenbatch._convert import (
     as_bool,
     as_choice,
@@ -21,8 +22,10 @@ from tokenbatch._convert import (
 from tokenbatch.distribute import DEAL_FORMAT, Balance, Dealer, EpochDeal, Segment
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.integrations._sharding import accelerate_shards
+from tokenbatch.mixture import Mixture, MixturePlan
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
 from tokenbatch.schedule import BatchSchedule
+from tokenbatch.torch._mixture import _mixture_dealer, _read_sources, _resized_start, _step_position
 from tokenbatch.torch._sampler_options import _OVERSIZE, _Option, _Options
 from tokenbatch.torch._sampler_state import _STATE_FORMAT, _Cursor, _read_state, _Runs
 
@@ -58,7 +61,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
       (``load_state_dict(state, allow_resize=True)``).
 
     Args:
-        lengths: token count of every dataset item, in dataset order.
+        lengths: token count of every dataset item, in dataset order; with ``mixture``,
+            ``{source: lengths}`` of every source, whose datasets the dataset concatenates
+            in this order (see :attr:`sources`).
         max_tokens: token budget of one micro-batch (per rank).
         mode: ``"packed"``: sequences are concatenated (cost = tokens, see
             :class:`PackedCollator`); ``"padded"``: sequences are padded to the longest of
@@ -90,6 +95,11 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             are grouped into optimizer steps whose token totals follow it, continuing
             across epochs; :meth:`step_offsets` and :meth:`optimizer_step_ends` tell the
             training loop when to step the optimizer.
+        mixture: a :class:`tokenbatch.mixture.Mixture` of the sources in ``lengths``: every
+            optimizer step (of ``schedule``'s tokens, which it needs) takes each source's
+            share of its tokens, sources mixed within bins; an epoch is one pass, until a
+            source runs out (see the mixture). :meth:`mixture_plan` tells what every step
+            takes from every source.
 
     Raises:
         InvalidValueError: ``rank >= num_replicas``, lengths that disagree with
@@ -116,7 +126,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
 
     def __init__(
         self,
-        lengths: Sequence[int] | npt.NDArray[np.integer[Any]],
+        lengths: Sequence[int] | npt.NDArray[np.integer[Any]] | Mapping[str, Any],
         max_tokens: int,
         *,
         mode: Literal["packed", "padded"] = "packed",
@@ -133,9 +143,14 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         dataset: Sized | None = None,
         hidden_size: int | None = None,
         schedule: BatchSchedule | None = None,
+        mixture: Mixture | None = None,
     ) -> None:
         super().__init__()
-        array = np.array(as_lengths(lengths), dtype=np.int64)
+        sources = None
+        if mixture is None:
+            array = np.array(as_lengths(lengths), dtype=np.int64)
+        else:
+            sources, array = _read_sources(lengths, mixture, schedule)
         array.flags.writeable = False
         if dataset is not None and len(dataset) != len(array):
             raise InvalidValueError(
@@ -167,6 +182,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             if hidden_size is None
             else as_int(hidden_size, "hidden_size", minimum=1),
             schedule=schedule,
+            mixture=sources,
         )
         self._cursor = _Cursor()
         # Caches: the epoch-independent work for one packing, the current plan and its
@@ -174,6 +190,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self._planner_cache: tuple[int, Dealer] | None = None
         self._plan_cache: tuple[tuple[int, _Runs], EpochDeal] | None = None
         self._offsets_cache: tuple[tuple[int, _Runs], npt.NDArray[np.int64]] | None = None
+        self._mixture_cache: tuple[_core.MixtureDealer, dict[int, MixturePlan]] | None = None
         #: Real tokens trained on before an epoch, where no closed form gives them.
         self._tokens_before_cache: dict[int, int] = {0: 0}
         self._iter_start = 0  # where the current iterator started
@@ -207,6 +224,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         runs on other world sizes, dealt to this one."""
         if self._plan_cache is not None and self._plan_cache[0] == cursor.plan_key:
             return self._plan_cache[1]
+        if self._options.mixture is not None:
+            return self._mixture_plan(cursor.epoch).deal
         planner = self._planner(cursor.epoch)
         if cursor.resized:
             return planner.deal_after(cursor.epoch, cursor.resized)
@@ -217,6 +236,52 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         plan = self._plan_at(self._cursor)
         self._plan_cache = (self._cursor.plan_key, plan)
         return plan
+
+    # -- mixtures ---------------------------------------------------------------------
+
+    @property
+    def sources(self) -> tuple[str, ...] | None:
+        """Source names of a mixture, in the order of the global indices (``None``
+        without a mixture): source ``s`` holds indices
+        ``source_offsets[s]:source_offsets[s + 1]``."""
+        mixture = self._options.mixture
+        return None if mixture is None else mixture.names
+
+    @property
+    def source_offsets(self) -> npt.NDArray[np.int64] | None:
+        """``n_sources + 1`` offsets of the sources in the global indices (``None``
+        without a mixture): the dataset is the sources' datasets concatenated in the
+        order of :attr:`sources` (``torch.utils.data.ConcatDataset``,
+        ``datasets.concatenate_datasets``)."""
+        mixture = self._options.mixture
+        return None if mixture is None else mixture.offsets
+
+    def mixture_plan(self) -> MixturePlan | None:
+        """What every optimizer step of the current epoch takes from every source, and its
+        micro-batches (``None`` without a mixture): see :class:`tokenbatch.mixture.MixturePlan`.
+        """
+        if self._options.mixture is None:
+            return None
+        return self._mixture_plan(self.epoch)
+
+    def _mixture_dealer(self) -> _core.MixtureDealer:
+        if self._mixture_cache is None:
+            self._mixture_cache = (_mixture_dealer(self._options), {})
+        return self._mixture_cache[0]
+
+    def _mixture_plan(self, epoch: int) -> MixturePlan:
+        """The plan of ``epoch`` of a mixture (cached: one epoch at a time)."""
+        sources = self._options.mixture
+        assert sources is not None
+        dealer = self._mixture_dealer()
+        plans = cast(tuple[Any, dict[int, MixturePlan]], self._mixture_cache)[1]
+        if epoch not in plans:
+            before = self._tokens_before(epoch)
+            plan = MixturePlan(dealer.plan(epoch, before), sources.names)
+            plans.clear()
+            plans[epoch] = plan
+            self._tokens_before_cache.setdefault(epoch + 1, before + plan.total_tokens)
+        return plans[epoch]
 
     # -- optimizer steps under a batch-size schedule ----------------------------------
 
@@ -231,14 +296,23 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         are summed once per epoch, remembered, and saved in :meth:`state_dict`.
         """
         options = self._options
-        if not options.drop_last:
+        if options.mixture is not None:
+            # A mixture's passes end where a source runs out, which depends on the shares
+            # at the tokens consumed before them: summed pass by pass.
+            epoch_tokens: Callable[[int, int], int] = self._mixture_dealer().epoch_tokens
+        elif not options.drop_last:
             return epoch * self._planner(self.epoch).packing.total_tokens
-        if not options.repacks_every_epoch:
+        elif not options.repacks_every_epoch:
             return epoch * self._planner(0).epoch_tokens
+        else:
+
+            def epoch_tokens(e: int, before: int) -> int:
+                return self._planner(e).epoch_tokens
+
         known = self._tokens_before_cache
         start = max(e for e in known if e <= epoch)
         for e in range(start, epoch):
-            known[e + 1] = known[e] + self._planner(e).epoch_tokens
+            known[e + 1] = known[e] + epoch_tokens(e, known[e])
         return known[epoch]
 
     def step_offsets(self) -> npt.NDArray[np.int64] | None:
@@ -250,11 +324,14 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         ``schedule.batch_tokens_at(tokens consumed so far)``, counting the real tokens of
         all ranks and of earlier epochs (see :func:`tokenbatch.schedule.group_into_steps`).
         The same on every rank; it costs the same at any epoch (the tokens of earlier
-        epochs are not recounted).
+        epochs are not recounted). With a mixture, the steps are those the mixture
+        composed (:meth:`mixture_plan`).
         """
         schedule = self._options.schedule
         if schedule is None:
             return None
+        if self._options.mixture is not None:
+            return self._mixture_plan(self.epoch).step_offsets
         key = self._cursor.plan_key
         if self._offsets_cache is None or self._offsets_cache[0] != key:
             consumed = self._tokens_before(self.epoch)
@@ -400,6 +477,10 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         }
         if self._options.schedule is not None:
             state["tokens_before_epoch"] = self._tokens_before(self.epoch)
+        if self._options.mixture is not None:
+            state["mixture_step"] = _step_position(
+                self._mixture_plan(self.epoch).step_offsets, step
+            )
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_resize: bool = False) -> None:
@@ -419,6 +500,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 once, but the batches differ from those of an uninterrupted run and
                 :meth:`__len__` is the steps left. Later epochs are planned for this
                 world size from the start. Needs ``drop_last=False`` with a schedule.
+                A mixture's optimizer steps hold the same sequences on any world size:
+                the epoch goes on with this world size's micro-batches of the steps the
+                state had not begun (the state must be saved between optimizer steps).
 
         Raises:
             InvalidValueError: the state comes from other lengths or options (a
@@ -429,6 +513,13 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         cursor, tokens_before = _read_state(
             self._options, state, as_bool(allow_resize, "allow_resize")
         )
+        if tokens_before is not None:
+            self._tokens_before_cache[cursor.epoch] = tokens_before
+        if self._options.mixture is not None and cursor.resized:
+            # A mixture's steps hold the same sequences on any world size: this one's plan
+            # is run from the step the state stopped before.
+            offsets = self._mixture_plan(cursor.epoch).step_offsets
+            cursor = _Cursor(epoch=cursor.epoch, start=_resized_start(state, offsets))
         plan = self._plan_at(cursor)
         if cursor.start > plan.n_steps:
             raise InvalidValueError(
@@ -444,7 +535,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     def __getstate__(self) -> dict[str, Any]:
         # Plans and planners are caches of the Rust core: rebuilt, not pickled.
         state = self.__dict__.copy()
-        state.update(_planner_cache=None, _plan_cache=None, _offsets_cache=None)
+        state.update(
+            _planner_cache=None, _plan_cache=None, _offsets_cache=None, _mixture_cache=None
+        )
         return state
 
     def __repr__(self) -> str:

@@ -13,6 +13,7 @@ mod deal;
 mod error;
 mod gather;
 mod memory;
+mod mixture;
 mod packing;
 mod parallel;
 mod schedule;
@@ -28,6 +29,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     deal::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
+    mixture::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
     schedule::register(m)?;

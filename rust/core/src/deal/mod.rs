@@ -14,6 +14,7 @@
 
 mod costs;
 mod divide;
+pub mod mixture;
 mod rest;
 mod stats;
 mod steps;
