@@ -148,10 +148,9 @@ fn deal_step(
         let n = (mixture.offsets()[s + 1] - mixture.offsets()[s]) as u64;
         let offset = mixture.offsets()[s];
         for position in start..end {
-            let order = &composition.orders[s][(position / n) as usize];
-            let index = offset + order[(position % n) as usize] as usize;
-            global.push(index as i64);
-            lengths.push(mixture.lengths()[index]);
+            let (repetition, at) = ((position / n) as usize, (position % n) as usize);
+            global.push((offset + composition.orders[s][repetition][at] as usize) as i64);
+            lengths.push(composition.ordered_lengths[s][repetition][at]);
         }
     }
     let step_seed = mix_seed(&[deal_options.seed, STREAM_STEPS, epoch, k as u64]);

@@ -1,6 +1,8 @@
 //! Composing the optimizer steps of a pass: how many tokens of each source every step
 //! takes, and which sequences.
 
+use rayon::prelude::*;
+
 use super::{Exhausted, Mixture};
 use crate::error::{Error, Result};
 use crate::packing::{Oversize, PackOptions};
@@ -31,6 +33,8 @@ pub struct Composition {
     pub steps: Vec<StepTake>,
     /// Per source, the permutation of every repetition the pass started.
     pub orders: Vec<Vec<Vec<u32>>>,
+    /// Per source and repetition, the lengths in the order of the permutation.
+    pub ordered_lengths: Vec<Vec<Vec<i64>>>,
     /// Real tokens of the pass.
     pub total_tokens: u64,
 }
@@ -58,8 +62,12 @@ struct Stream<'a> {
     max_repetition: u64,
     seed: u64,
     orders: Vec<Vec<u32>>,
+    ordered_lengths: Vec<Vec<i64>>,
     /// Position in the stream (over all repetitions).
     position: u64,
+    /// Repetition of `position`, and the position in it.
+    repetition: usize,
+    in_repetition: usize,
     /// Real tokens of the current repetition already taken.
     taken_in_repetition: u64,
 }
@@ -73,7 +81,10 @@ impl<'a> Stream<'a> {
             max_repetition,
             seed,
             orders: Vec::new(),
+            ordered_lengths: Vec::new(),
             position: 0,
+            repetition: 0,
+            in_repetition: 0,
             taken_in_repetition: 0,
         }
     }
@@ -91,8 +102,7 @@ impl<'a> Stream<'a> {
         if self.exhausted() {
             return 0;
         }
-        let repetition = self.position / self.n();
-        self.total * (self.max_repetition - repetition) - self.taken_in_repetition
+        self.total * (self.max_repetition - self.repetition as u64) - self.taken_in_repetition
     }
 
     /// Tokens of the next sequence, making the permutation of a new repetition first.
@@ -100,20 +110,31 @@ impl<'a> Stream<'a> {
         if self.exhausted() {
             return None;
         }
-        let repetition = (self.position / self.n()) as usize;
-        if repetition == self.orders.len() {
-            let mut order: Vec<u32> = (0..self.lengths.len() as u32).collect();
-            SplitMix64::new(mix_seed(&[self.seed, repetition as u64])).shuffle(&mut order);
+        if self.repetition == self.orders.len() {
+            let order = permutation(
+                self.lengths.len(),
+                mix_seed(&[self.seed, self.repetition as u64]),
+            );
+            let lengths = self.lengths;
+            let mut ordered = Vec::with_capacity(order.len());
+            order
+                .par_iter()
+                .map(|&i| lengths[i as usize])
+                .collect_into_vec(&mut ordered);
             self.orders.push(order);
+            self.ordered_lengths.push(ordered);
         }
-        let local = self.orders[repetition][(self.position % self.n()) as usize];
-        Some(placed_tokens(self.lengths[local as usize], self.options))
+        let length = self.ordered_lengths[self.repetition][self.in_repetition];
+        Some(placed_tokens(length, self.options))
     }
 
     fn advance(&mut self, tokens: u64) {
         self.position += 1;
+        self.in_repetition += 1;
         self.taken_in_repetition += tokens;
-        if self.position % self.n() == 0 {
+        if self.in_repetition == self.lengths.len() {
+            self.repetition += 1;
+            self.in_repetition = 0;
             self.taken_in_repetition = 0;
         }
     }
@@ -208,11 +229,31 @@ pub fn compose(
         }
     }
     join_short_last_step(&mut steps);
+    let (orders, ordered_lengths) = streams
+        .into_iter()
+        .map(|s| (s.orders, s.ordered_lengths))
+        .unzip();
     Ok(Composition {
         total_tokens: consumed - consumed_before,
         steps,
-        orders: streams.into_iter().map(|s| s.orders).collect(),
+        orders,
+        ordered_lengths,
     })
+}
+
+/// A seeded random permutation of `0..n`: indices sorted by a hash of `(seed, index)`,
+/// ties by index. A sort rather than Fisher-Yates: the shuffle's random swaps over millions
+/// of items cost a cache miss each and made up most of the composing time.
+fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut keys: Vec<u64> = (0..n as u64)
+        .into_par_iter()
+        .map(|i| {
+            let hash = SplitMix64::new(seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64();
+            (hash & !0xFFFF_FFFF) | i
+        })
+        .collect();
+    keys.par_sort_unstable();
+    keys.into_iter().map(|key| key as u32).collect()
 }
 
 /// Tokens and targets per source of one step, and whether the pass ends with it; `None`

@@ -107,6 +107,12 @@ impl Mixture {
                      source"
                 )));
             }
+            if size >= i64::from(u32::MAX) {
+                return Err(Error::overflow(format!(
+                    "source '{name}' has {size} sequences, more than the supported {}",
+                    u32::MAX - 1
+                )));
+            }
             offsets.push(offsets[offsets.len() - 1] + size as usize);
         }
         if offsets[n_sources] != lengths.len() {
