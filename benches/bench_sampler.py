@@ -24,7 +24,8 @@ from conftest import FULL
 from tokenbatch import Packing, pack
 from tokenbatch.datasets import example_lengths
 from tokenbatch.distribute import Dealer
-from tokenbatch.schedule import LinearRamp
+from tokenbatch.mixture import Mixture
+from tokenbatch.schedule import LinearRamp, Piecewise
 from tokenbatch.torch import TokenBudgetBatchSampler
 
 N_SEQS = 10_000_000 if FULL else 100_000
@@ -72,6 +73,31 @@ def test_sampler_construction_and_one_rank_epoch(benchmark: Any) -> None:
 
     def construct_and_iterate() -> int:
         sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=3)
+        count = 0
+        for _ in sampler:
+            count += 1
+        return count
+
+    count = benchmark.pedantic(construct_and_iterate, rounds=5, iterations=1)
+    assert count * RANKS >= packing.n_bins
+
+
+def test_mixture_construction_and_one_rank_epoch(benchmark: Any) -> None:
+    """The same for a mixture of the same lengths as three sources (half, 30% and 20% of
+    them, in those token shares), steps of 4M tokens: composing every step, packing and
+    dealing each, and iterating this rank's batches. ``renormalize`` runs the pass until
+    every sequence is used, as the single-source epoch does."""
+    lengths, packing = lengths_and_packing(N_SEQS)
+    benchmark.group = "sampler start-up"
+    cuts = [0, N_SEQS // 2, N_SEQS * 8 // 10, N_SEQS]
+    sources = {name: lengths[cuts[i] : cuts[i + 1]] for i, name in enumerate(("a", "b", "c"))}
+    mixture = Mixture({"a": 0.5, "b": 0.3, "c": 0.2}, exhausted="renormalize")
+    schedule = Piecewise([(0, 1 << 22)])
+
+    def construct_and_iterate() -> int:
+        sampler = TokenBudgetBatchSampler(
+            sources, MAX_TOKENS, num_replicas=RANKS, rank=3, mixture=mixture, schedule=schedule
+        )
         count = 0
         for _ in sampler:
             count += 1

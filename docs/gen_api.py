@@ -31,6 +31,7 @@ MODULES = [
     "tokenbatch.integrations.lightning",
     "tokenbatch.context_parallel",
     "tokenbatch.distribute",
+    "tokenbatch.mixture",
     "tokenbatch.memory",
     "tokenbatch.schedule",
     "tokenbatch.megatron",

@@ -123,8 +123,8 @@ def test_bad_schedule_type() -> None:
 
 
 def packings_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record every packing the sampler module builds (one entry per call)."""
-    import tokenbatch.torch.sampler as sampler_module
+    """Record every packing the sampler's options build (one entry per call)."""
+    import tokenbatch.torch._sampler_options as sampler_module
 
     calls: list[int] = []
     real_pack = sampler_module.pack

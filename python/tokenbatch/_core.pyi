@@ -18,11 +18,14 @@ __all__ = [
     "ContextParallelShard",
     "Dealer",
     "EpochDeal",
+    "MixtureDealer",
+    "MixturePlan",
     "ModelSpec",
     "Packing",
     "PackingBins",
     "RankBatches",
     "Schedule",
+    "ShareSchedule",
     "StreamBin",
     "StreamBuffer",
     "__version__",
@@ -276,6 +279,64 @@ def cp_shard(
 def cp_rank_major_order(cu_seqlens_padded: _I64, cp_size: int) -> _I64: ...
 
 # --- schedule ---
+
+@final
+class ShareSchedule:
+    """Target shares of named sources over consumed tokens (see ``tokenbatch.mixture``)."""
+
+    def __new__(
+        cls, points: list[int], shares: list[float], n_sources: int, interpolation: str
+    ) -> ShareSchedule: ...
+    def at(self, consumed: int) -> npt.NDArray[np.float64]: ...
+
+@final
+class MixtureDealer:
+    """Plans passes over a mixture of sources (see ``tokenbatch.torch`` with ``mixture=``)."""
+
+    def __new__(
+        cls,
+        names: list[str],
+        lengths: npt.NDArray[np.int64],
+        sizes: list[int],
+        max_repetition: list[int],
+        shares: ShareSchedule,
+        exhausted: str,
+        schedule: Schedule,
+        *,
+        max_tokens: int,
+        kind: str,
+        algorithm: str,
+        max_seqs: int | None,
+        pad_to_multiple_of: int,
+        oversize: str,
+        num_replicas: int,
+        seed: int,
+        shuffle: bool,
+        balance: str | None,
+        drop_last: bool,
+        hidden_size: int | None,
+    ) -> MixtureDealer: ...
+    def plan(self, epoch: int, consumed_before: int) -> MixturePlan: ...
+    def epoch_tokens(self, epoch: int, consumed_before: int) -> int: ...
+
+@final
+class MixturePlan:
+    """One pass over a mixture (see ``tokenbatch.mixture.MixturePlan``)."""
+
+    @property
+    def deal(self) -> EpochDeal: ...
+    @property
+    def step_offsets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def source_tokens(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def target_tokens(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def budgets(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def repetitions(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def total_tokens(self) -> int: ...
 
 @final
 class Schedule:

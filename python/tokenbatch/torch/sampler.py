@@ -3,166 +3,37 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-from collections.abc import Iterator, Mapping, Sequence, Sized
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from tokenbatch import _core
 from tokenbatch._convert import (
     as_bool,
     as_choice,
     as_int,
     as_lengths,
     as_seed,
-    check_same_config,
-    check_state_format,
     replicas_and_rank,
 )
-from tokenbatch.distribute import DEAL_FORMAT, Balance, Dealer, EpochDeal, Segment, mix_seed
+from tokenbatch.distribute import DEAL_FORMAT, Balance, Dealer, EpochDeal, Segment
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.integrations._sharding import accelerate_shards
-from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy, Packing, batch_padded, pack
+from tokenbatch.mixture import Mixture, MixturePlan
+from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
 from tokenbatch.schedule import BatchSchedule
+from tokenbatch.torch._mixture import _mixture_dealer, _read_sources, _resized_start, _step_position
+from tokenbatch.torch._sampler_options import _OVERSIZE, _Option, _Options
+from tokenbatch.torch._sampler_state import _STATE_FORMAT, _Cursor, _read_state, _Runs
 
 __all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
 
 #: What the sampler yields: sequence indices, or ``(index, start, length)`` segments when
 #: sequences may be split or truncated (``oversize="split"`` or ``"truncate"``).
 BatchIndices = list[int] | list[Segment]
-
-_STATE_FORMAT = "tokenbatch.TokenBudgetBatchSampler/3"
-_OVERSIZE = ("error", "truncate", "split", "drop")
-
-#: Runs of an epoch on other world sizes before a resized resume: ``(num_replicas, steps)``.
-_Runs = tuple[tuple[int, int], ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    """Everything that shapes the plans, validated once and never changed."""
-
-    lengths: npt.NDArray[np.int64]
-    max_tokens: int
-    mode: Literal["packed", "padded"]
-    algorithm: Algorithm
-    shuffle: bool
-    seed: int
-    num_replicas: int
-    rank: int
-    drop_last: bool
-    balance: Balance
-    oversize: OversizePolicy
-    max_seqs: int | None
-    pad_to_multiple_of: int
-    hidden_size: int | None
-    schedule: BatchSchedule | None
-
-    @property
-    def repacks_every_epoch(self) -> bool:
-        """``first_fit_shuffled`` with ``shuffle`` packs every epoch with its own seed."""
-        return self.mode == "packed" and self.algorithm == "first_fit_shuffled" and self.shuffle
-
-    def packing_epoch(self, epoch: int) -> int:
-        """The epoch whose packing ``epoch`` uses (0 unless every epoch repacks)."""
-        return epoch if self.repacks_every_epoch else 0
-
-    def packing(self, packing_epoch: int) -> Packing:
-        if self.mode == "padded":
-            return batch_padded(
-                self.lengths,
-                self.max_tokens,
-                max_seqs=self.max_seqs,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                oversize=self.oversize,
-            )
-        return pack(
-            self.lengths,
-            self.max_tokens,
-            algorithm=self.algorithm,
-            max_seqs=self.max_seqs,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            oversize=self.oversize,
-            seed=mix_seed(self.seed, packing_epoch) if self.repacks_every_epoch else self.seed,
-        )
-
-    def planner(self, packing: Packing) -> Dealer:
-        return Dealer(
-            packing,
-            self.num_replicas,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            balance=self.balance,
-            drop_last=self.drop_last,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            split_sequences=self.oversize == "split",
-            hidden_size=self.hidden_size,
-        )
-
-    def config(self) -> dict[str, Any]:
-        """The options a state records (the lengths enter through the fingerprint)."""
-        return {
-            "max_tokens": self.max_tokens,
-            "mode": self.mode,
-            "algorithm": self.algorithm,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "num_replicas": self.num_replicas,
-            "drop_last": self.drop_last,
-            "balance": self.balance,
-            "oversize": self.oversize,
-            "max_seqs": self.max_seqs,
-            "pad_to_multiple_of": self.pad_to_multiple_of,
-            "hidden_size": self.hidden_size,
-            "schedule": None if self.schedule is None else repr(self.schedule),
-        }
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update(self.lengths.astype("<i8", copy=False).tobytes())
-        options = {k: v for k, v in self.config().items() if k != "num_replicas"}
-        digest.update(repr(sorted(options.items())).encode())
-        return digest.hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cursor:
-    """Where the sampler stands: an epoch, the runs of it on other world sizes before a
-    resized resume, and the step the next iteration starts at."""
-
-    epoch: int = 0
-    resized: _Runs = ()
-    start: int = 0
-
-    @property
-    def plan_key(self) -> tuple[int, _Runs]:
-        return self.epoch, self.resized
-
-
-_T = TypeVar("_T")
-
-
-class _Option(Generic[_T]):
-    """A read-only attribute of the sampler: one of its frozen options."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> _Option[_T]: ...
-    @overload
-    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
-    def __get__(self, instance: object, owner: type | None = None) -> _T | _Option[_T]:
-        if instance is None:
-            return self
-        return cast(_T, getattr(instance._options, self._name))  # type: ignore[attr-defined]
-
-    def __set__(self, instance: object, value: _T) -> None:
-        raise AttributeError(f"{self._name} is fixed at construction")
 
 
 class TokenBudgetBatchSampler(Sampler[BatchIndices]):
@@ -190,7 +61,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
       (``load_state_dict(state, allow_resize=True)``).
 
     Args:
-        lengths: token count of every dataset item, in dataset order.
+        lengths: token count of every dataset item, in dataset order; with ``mixture``,
+            ``{source: lengths}`` of every source, whose datasets the dataset concatenates
+            in this order (see :attr:`sources`).
         max_tokens: token budget of one micro-batch (per rank).
         mode: ``"packed"``: sequences are concatenated (cost = tokens, see
             :class:`PackedCollator`); ``"padded"``: sequences are padded to the longest of
@@ -222,6 +95,11 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             are grouped into optimizer steps whose token totals follow it, continuing
             across epochs; :meth:`step_offsets` and :meth:`optimizer_step_ends` tell the
             training loop when to step the optimizer.
+        mixture: a :class:`tokenbatch.mixture.Mixture` of the sources in ``lengths``: every
+            optimizer step (of ``schedule``'s tokens, which it needs) takes each source's
+            share of its tokens, sources mixed within bins; an epoch is one pass, until a
+            source runs out (see the mixture). :meth:`mixture_plan` tells what every step
+            takes from every source.
 
     Raises:
         InvalidValueError: ``rank >= num_replicas``, lengths that disagree with
@@ -248,7 +126,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
 
     def __init__(
         self,
-        lengths: Sequence[int] | npt.NDArray[np.integer[Any]],
+        lengths: Sequence[int] | npt.NDArray[np.integer[Any]] | Mapping[str, Any],
         max_tokens: int,
         *,
         mode: Literal["packed", "padded"] = "packed",
@@ -265,9 +143,14 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         dataset: Sized | None = None,
         hidden_size: int | None = None,
         schedule: BatchSchedule | None = None,
+        mixture: Mixture | None = None,
     ) -> None:
         super().__init__()
-        array = np.array(as_lengths(lengths), dtype=np.int64)
+        sources = None
+        if mixture is None:
+            array = np.array(as_lengths(lengths), dtype=np.int64)
+        else:
+            sources, array = _read_sources(lengths, mixture, schedule)
         array.flags.writeable = False
         if dataset is not None and len(dataset) != len(array):
             raise InvalidValueError(
@@ -299,6 +182,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             if hidden_size is None
             else as_int(hidden_size, "hidden_size", minimum=1),
             schedule=schedule,
+            mixture=sources,
         )
         self._cursor = _Cursor()
         # Caches: the epoch-independent work for one packing, the current plan and its
@@ -306,6 +190,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         self._planner_cache: tuple[int, Dealer] | None = None
         self._plan_cache: tuple[tuple[int, _Runs], EpochDeal] | None = None
         self._offsets_cache: tuple[tuple[int, _Runs], npt.NDArray[np.int64]] | None = None
+        self._mixture_cache: tuple[_core.MixtureDealer, dict[int, MixturePlan]] | None = None
         #: Real tokens trained on before an epoch, where no closed form gives them.
         self._tokens_before_cache: dict[int, int] = {0: 0}
         self._iter_start = 0  # where the current iterator started
@@ -339,6 +224,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         runs on other world sizes, dealt to this one."""
         if self._plan_cache is not None and self._plan_cache[0] == cursor.plan_key:
             return self._plan_cache[1]
+        if self._options.mixture is not None:
+            return self._mixture_plan(cursor.epoch).deal
         planner = self._planner(cursor.epoch)
         if cursor.resized:
             return planner.deal_after(cursor.epoch, cursor.resized)
@@ -349,6 +236,52 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         plan = self._plan_at(self._cursor)
         self._plan_cache = (self._cursor.plan_key, plan)
         return plan
+
+    # -- mixtures ---------------------------------------------------------------------
+
+    @property
+    def sources(self) -> tuple[str, ...] | None:
+        """Source names of a mixture, in the order of the global indices (``None``
+        without a mixture): source ``s`` holds indices
+        ``source_offsets[s]:source_offsets[s + 1]``."""
+        mixture = self._options.mixture
+        return None if mixture is None else mixture.names
+
+    @property
+    def source_offsets(self) -> npt.NDArray[np.int64] | None:
+        """``n_sources + 1`` offsets of the sources in the global indices (``None``
+        without a mixture): the dataset is the sources' datasets concatenated in the
+        order of :attr:`sources` (``torch.utils.data.ConcatDataset``,
+        ``datasets.concatenate_datasets``)."""
+        mixture = self._options.mixture
+        return None if mixture is None else mixture.offsets
+
+    def mixture_plan(self) -> MixturePlan | None:
+        """What every optimizer step of the current epoch takes from every source, and its
+        micro-batches (``None`` without a mixture): see :class:`tokenbatch.mixture.MixturePlan`.
+        """
+        if self._options.mixture is None:
+            return None
+        return self._mixture_plan(self.epoch)
+
+    def _mixture_dealer(self) -> _core.MixtureDealer:
+        if self._mixture_cache is None:
+            self._mixture_cache = (_mixture_dealer(self._options), {})
+        return self._mixture_cache[0]
+
+    def _mixture_plan(self, epoch: int) -> MixturePlan:
+        """The plan of ``epoch`` of a mixture (cached: one epoch at a time)."""
+        sources = self._options.mixture
+        assert sources is not None
+        dealer = self._mixture_dealer()
+        plans = cast(tuple[Any, dict[int, MixturePlan]], self._mixture_cache)[1]
+        if epoch not in plans:
+            before = self._tokens_before(epoch)
+            plan = MixturePlan(dealer.plan(epoch, before), sources.names)
+            plans.clear()
+            plans[epoch] = plan
+            self._tokens_before_cache.setdefault(epoch + 1, before + plan.total_tokens)
+        return plans[epoch]
 
     # -- optimizer steps under a batch-size schedule ----------------------------------
 
@@ -363,14 +296,23 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         are summed once per epoch, remembered, and saved in :meth:`state_dict`.
         """
         options = self._options
-        if not options.drop_last:
+        if options.mixture is not None:
+            # A mixture's passes end where a source runs out, which depends on the shares
+            # at the tokens consumed before them: summed pass by pass.
+            epoch_tokens: Callable[[int, int], int] = self._mixture_dealer().epoch_tokens
+        elif not options.drop_last:
             return epoch * self._planner(self.epoch).packing.total_tokens
-        if not options.repacks_every_epoch:
+        elif not options.repacks_every_epoch:
             return epoch * self._planner(0).epoch_tokens
+        else:
+
+            def epoch_tokens(e: int, before: int) -> int:
+                return self._planner(e).epoch_tokens
+
         known = self._tokens_before_cache
         start = max(e for e in known if e <= epoch)
         for e in range(start, epoch):
-            known[e + 1] = known[e] + self._planner(e).epoch_tokens
+            known[e + 1] = known[e] + epoch_tokens(e, known[e])
         return known[epoch]
 
     def step_offsets(self) -> npt.NDArray[np.int64] | None:
@@ -382,11 +324,14 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         ``schedule.batch_tokens_at(tokens consumed so far)``, counting the real tokens of
         all ranks and of earlier epochs (see :func:`tokenbatch.schedule.group_into_steps`).
         The same on every rank; it costs the same at any epoch (the tokens of earlier
-        epochs are not recounted).
+        epochs are not recounted). With a mixture, the steps are those the mixture
+        composed (:meth:`mixture_plan`).
         """
         schedule = self._options.schedule
         if schedule is None:
             return None
+        if self._options.mixture is not None:
+            return self._mixture_plan(self.epoch).step_offsets
         key = self._cursor.plan_key
         if self._offsets_cache is None or self._offsets_cache[0] != key:
             consumed = self._tokens_before(self.epoch)
@@ -532,6 +477,10 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         }
         if self._options.schedule is not None:
             state["tokens_before_epoch"] = self._tokens_before(self.epoch)
+        if self._options.mixture is not None:
+            state["mixture_step"] = _step_position(
+                self._mixture_plan(self.epoch).step_offsets, step
+            )
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, allow_resize: bool = False) -> None:
@@ -551,6 +500,9 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 once, but the batches differ from those of an uninterrupted run and
                 :meth:`__len__` is the steps left. Later epochs are planned for this
                 world size from the start. Needs ``drop_last=False`` with a schedule.
+                A mixture's optimizer steps hold the same sequences on any world size:
+                the epoch goes on with this world size's micro-batches of the steps the
+                state had not begun (the state must be saved between optimizer steps).
 
         Raises:
             InvalidValueError: the state comes from other lengths or options (a
@@ -558,7 +510,16 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 written under another deal format, is malformed, or leaves too few
                 sequences for this many ranks.
         """
-        cursor, tokens_before = self._read_state(state, as_bool(allow_resize, "allow_resize"))
+        cursor, tokens_before = _read_state(
+            self._options, state, as_bool(allow_resize, "allow_resize")
+        )
+        if tokens_before is not None:
+            self._tokens_before_cache[cursor.epoch] = tokens_before
+        if self._options.mixture is not None and cursor.resized:
+            # A mixture's steps hold the same sequences on any world size: this one's plan
+            # is run from the step the state stopped before.
+            offsets = self._mixture_plan(cursor.epoch).step_offsets
+            cursor = _Cursor(epoch=cursor.epoch, start=_resized_start(state, offsets))
         plan = self._plan_at(cursor)
         if cursor.start > plan.n_steps:
             raise InvalidValueError(
@@ -571,64 +532,12 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         if tokens_before is not None:
             self._tokens_before_cache[cursor.epoch] = tokens_before
 
-    def _read_state(
-        self, state: Mapping[str, Any], allow_resize: bool
-    ) -> tuple[_Cursor, int | None]:
-        """The cursor a state describes, checked against this sampler, and the tokens
-        consumed before its epoch if it records them."""
-        if not isinstance(state, Mapping):
-            raise InvalidTypeError(f"state must be a mapping, got {type(state).__name__}")
-        check_state_format(state.get("format"), _STATE_FORMAT, "TokenBudgetBatchSampler")
-        deal_format = state.get("deal_format")
-        if deal_format != DEAL_FORMAT:
-            raise InvalidValueError(
-                f"state was written under deal format {deal_format!r} and this version of "
-                f"tokenbatch deals with format {DEAL_FORMAT}: the batches of an epoch differ "
-                "between formats, so the position cannot be restored. Resume with the "
-                "tokenbatch version that wrote the state, or start the epoch afresh"
-            )
-        options = self._options
-        config = state.get("config")
-        saved_replicas = options.num_replicas
-        if isinstance(config, Mapping):
-            saved_replicas = as_int(config.get("num_replicas"), "state num_replicas", minimum=1)
-            if saved_replicas != options.num_replicas and not allow_resize:
-                raise InvalidValueError(
-                    f"state was saved with num_replicas={saved_replicas}, this sampler has "
-                    f"{options.num_replicas}; pass allow_resize=True to finish the epoch on "
-                    "this world size with the sequences not yet used"
-                )
-            current = {**options.config(), "num_replicas": saved_replicas}
-            check_same_config(config, current, "sampler")
-        if state.get("n_seqs") != len(options.lengths):
-            raise InvalidValueError(
-                f"state was saved for a dataset of {state.get('n_seqs')} sequences, "
-                f"this sampler has {len(options.lengths)}"
-            )
-        if state.get("fingerprint") != self.fingerprint():
-            raise InvalidValueError(
-                "state was saved for other sequence lengths (fingerprint mismatch): "
-                "a different or modified dataset"
-            )
-        epoch = as_int(state.get("epoch"), "state['epoch']", minimum=0)
-        step = as_int(state.get("step"), "state['step']", minimum=0)
-        resized = _resize_history(state.get("resized", []))
-        if saved_replicas != options.num_replicas:
-            if options.schedule is not None and options.drop_last:
-                raise InvalidValueError(
-                    "a resized resume with a schedule needs drop_last=False (the tokens of "
-                    "earlier epochs would depend on the world size)"
-                )
-            resized, step = (*resized, (saved_replicas, step)), 0
-        tokens_before = state.get("tokens_before_epoch")
-        if tokens_before is not None:
-            tokens_before = as_int(tokens_before, "state['tokens_before_epoch']", minimum=0)
-        return _Cursor(epoch=epoch, resized=resized, start=step), tokens_before
-
     def __getstate__(self) -> dict[str, Any]:
         # Plans and planners are caches of the Rust core: rebuilt, not pickled.
         state = self.__dict__.copy()
-        state.update(_planner_cache=None, _plan_cache=None, _offsets_cache=None)
+        state.update(
+            _planner_cache=None, _plan_cache=None, _offsets_cache=None, _mixture_cache=None
+        )
         return state
 
     def __repr__(self) -> str:
@@ -637,20 +546,3 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             f"max_tokens={self.max_tokens}, mode={self.mode!r}, "
             f"num_replicas={self.num_replicas}, rank={self.rank}, epoch={self.epoch})"
         )
-
-
-def _resize_history(value: object) -> _Runs:
-    """``state['resized']`` as ``(num_replicas, steps)`` pairs."""
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise InvalidValueError(f"state['resized'] must be a list of pairs, got {value!r}")
-    runs = []
-    for run in value:
-        if not isinstance(run, Sequence) or isinstance(run, str) or len(run) != 2:
-            raise InvalidValueError(f"state['resized'] holds {run!r}, not [num_replicas, steps]")
-        runs.append(
-            (
-                as_int(run[0], "state['resized'] num_replicas", minimum=1),
-                as_int(run[1], "state['resized'] steps", minimum=0),
-            )
-        )
-    return tuple(runs)

@@ -14,6 +14,7 @@ mod error;
 mod evaluation;
 mod gather;
 mod memory;
+mod mixture;
 mod model_spec;
 mod packing;
 mod parallel;
@@ -31,6 +32,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     evaluation::register(m)?;
     gather::register(m)?;
     memory::register(m)?;
+    mixture::register(m)?;
     model_spec::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;

@@ -13,7 +13,7 @@ type Arr<'py> = Bound<'py, PyArray1<i64>>;
 /// A validated batch-size schedule (see `tokenbatch.schedule`).
 #[pyclass(module = "tokenbatch._core", name = "Schedule", frozen)]
 pub struct PySchedule {
-    inner: schedule::Schedule,
+    pub(crate) inner: schedule::Schedule,
 }
 
 #[pymethods]

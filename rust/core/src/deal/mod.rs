@@ -15,6 +15,7 @@
 mod costs;
 mod divide;
 mod evaluation;
+pub mod mixture;
 mod rest;
 mod stats;
 mod steps;

@@ -1,0 +1,131 @@
+"""The sampler's options: validated once at construction, frozen, and the packing and
+dealer they describe."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any, Generic, Literal, TypeVar, cast, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenbatch.distribute import Balance, Dealer, mix_seed
+from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
+from tokenbatch.schedule import BatchSchedule
+from tokenbatch.torch._mixture import _Sources
+
+_OVERSIZE = ("error", "truncate", "split", "drop")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """Everything that shapes the plans, validated once and never changed."""
+
+    lengths: npt.NDArray[np.int64]
+    max_tokens: int
+    mode: Literal["packed", "padded"]
+    algorithm: Algorithm
+    shuffle: bool
+    seed: int
+    num_replicas: int
+    rank: int
+    drop_last: bool
+    balance: Balance
+    oversize: OversizePolicy
+    max_seqs: int | None
+    pad_to_multiple_of: int
+    hidden_size: int | None
+    schedule: BatchSchedule | None
+    mixture: _Sources | None = None
+
+    @property
+    def repacks_every_epoch(self) -> bool:
+        """``first_fit_shuffled`` with ``shuffle`` packs every epoch with its own seed."""
+        return self.mode == "packed" and self.algorithm == "first_fit_shuffled" and self.shuffle
+
+    def packing_epoch(self, epoch: int) -> int:
+        """The epoch whose packing ``epoch`` uses (0 unless every epoch repacks)."""
+        return epoch if self.repacks_every_epoch else 0
+
+    def packing(self, packing_epoch: int) -> Packing:
+        if self.mode == "padded":
+            return batch_padded(
+                self.lengths,
+                self.max_tokens,
+                max_seqs=self.max_seqs,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                oversize=self.oversize,
+            )
+        return pack(
+            self.lengths,
+            self.max_tokens,
+            algorithm=self.algorithm,
+            max_seqs=self.max_seqs,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            oversize=self.oversize,
+            seed=mix_seed(self.seed, packing_epoch) if self.repacks_every_epoch else self.seed,
+        )
+
+    def planner(self, packing: Packing) -> Dealer:
+        return Dealer(
+            packing,
+            self.num_replicas,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            balance=self.balance,
+            drop_last=self.drop_last,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            split_sequences=self.oversize == "split",
+            hidden_size=self.hidden_size,
+        )
+
+    def config(self) -> dict[str, Any]:
+        """The options a state records (the lengths enter through the fingerprint)."""
+        return {
+            "max_tokens": self.max_tokens,
+            "mode": self.mode,
+            "algorithm": self.algorithm,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "num_replicas": self.num_replicas,
+            "drop_last": self.drop_last,
+            "balance": self.balance,
+            "oversize": self.oversize,
+            "max_seqs": self.max_seqs,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "hidden_size": self.hidden_size,
+            "schedule": None if self.schedule is None else repr(self.schedule),
+            **({} if self.mixture is None else {"mixture": self.mixture.config()}),
+        }
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(self.lengths.astype("<i8", copy=False).tobytes())
+        options = {k: v for k, v in self.config().items() if k != "num_replicas"}
+        digest.update(repr(sorted(options.items())).encode())
+        return digest.hexdigest()
+
+
+_T = TypeVar("_T")
+
+
+class _Option(Generic[_T]):
+    """A read-only attribute of the sampler: one of its frozen options."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Option[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+    def __get__(self, instance: object, owner: type | None = None) -> _T | _Option[_T]:
+        if instance is None:
+            return self
+        return cast(_T, getattr(instance._options, self._name))  # type: ignore[attr-defined]
+
+    def __set__(self, instance: object, value: _T) -> None:
+        raise AttributeError(f"{self._name} is fixed at construction")
