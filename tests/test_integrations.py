@@ -174,6 +174,37 @@ def test_trainer_stops_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         trainer().train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-5"))
 
 
+def test_trainer_loss_of_a_packed_row_is_that_of_its_documents_alone(tmp_path: Path) -> None:
+    # With its cache on, a Hugging Face model lets the documents of a packed row attend to
+    # each other under sdpa attention; the Trainer must run it with the cache off, also
+    # where the model's config keeps it on (transformers 4.x's Trainer leaves it as it is,
+    # 5.x's sets it from TrainingArguments.use_cache).
+    import torch
+
+    from tokenbatch.torch import PackedCollator
+
+    model = tiny_llama().double()
+    trainer = TokenBudgetTrainer(
+        model=model, args=args(tmp_path), train_dataset=documents(), batch_sampler=sampler()
+    )
+    model.config.use_cache = True
+    docs = documents()[:3]
+    batch = PackedCollator()(docs)
+    loss, outputs = trainer.compute_loss(model, batch, return_outputs=True)
+    alone = [model(input_ids=torch.tensor([doc["input_ids"]])).logits[0] for doc in docs]
+    torch.testing.assert_close(outputs.logits[0], torch.cat(alone), rtol=0, atol=1e-10)
+    token_losses = [
+        torch.nn.functional.cross_entropy(
+            logits[:-1], torch.tensor(doc["input_ids"][1:]), reduction="sum"
+        )
+        for logits, doc in zip(alone, docs, strict=True)
+    ]
+    label_tokens = sum(len(doc["input_ids"]) - 1 for doc in docs)
+    # The model's loss upcasts the logits to float32.
+    expected = sum(token_losses) / label_tokens
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=0)
+
+
 def test_sft_trainer_refuses_padding_free_and_packing(tmp_path: Path) -> None:
     from trl import SFTConfig
 

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from transformers.trainer_utils import EvalLoopOutput
 
 from tokenbatch.errors import InvalidValueError
+from tokenbatch.integrations._packed_rows import without_cache
 from tokenbatch.integrations._source import build_evaluation_sampler, check_evaluation_source
 from tokenbatch.torch.collate import PackedCollator
 from tokenbatch.torch.document_loss import DocumentLosses, EvaluationResult
@@ -129,7 +130,6 @@ class EvaluationTrainerMixin(_TrainerBase):
         model.eval()
         losses = DocumentLosses(sampler.n_documents)
         device = self.args.device
-        uses_cache = getattr(getattr(self.model, "config", None), "use_cache", None) is not None
         with torch.no_grad():
             for batch in dataloader:
                 inputs = {
@@ -137,11 +137,7 @@ class EvaluationTrainerMixin(_TrainerBase):
                     for key, value in model_inputs(batch).items()
                     if key != "labels"
                 }
-                if uses_cache:
-                    # Hugging Face models keep attention inside each document of a packed
-                    # row (read from position_ids) only when they build no cache.
-                    inputs["use_cache"] = False
-                outputs = model(**inputs)
+                outputs = model(**without_cache(self.model, inputs))
                 logits = outputs["logits"] if isinstance(outputs, Mapping) else outputs[0]
                 losses.add_batch(logits, batch)
         model.train(was_training)

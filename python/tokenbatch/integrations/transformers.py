@@ -63,6 +63,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from tokenbatch.errors import InvalidValueError
 from tokenbatch.integrations._compat import transformers as transformers_compat
 from tokenbatch.integrations._hf_evaluation import EvaluationTrainerMixin
+from tokenbatch.integrations._packed_rows import without_cache
 from tokenbatch.integrations._source import SamplerFrom
 from tokenbatch.integrations.accelerate import PlanBatches, prepare_batches
 from tokenbatch.torch.collate import PackedCollator
@@ -380,6 +381,13 @@ class TokenBudgetTrainerMixin(EvaluationTrainerMixin):
             total = loss if total is None else total + loss
         assert total is not None  # an optimizer step has at least one micro-batch
         return total
+
+    def compute_loss(
+        self, model: torch.nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """The Trainer's loss of a packed micro-batch, with the model's cache off so that its
+        documents do not attend to each other."""
+        return super().compute_loss(model, without_cache(self.model, inputs), *args, **kwargs)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         """FLOPs of a micro-batch, or of every micro-batch of an optimizer step."""
