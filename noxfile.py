@@ -61,10 +61,10 @@ INTEGRATIONS = {
         "Hugging Face Trainer",
         ("torch", "hf"),
         ("transformers", "accelerate", "datasets", "torch", "numpy"),
-        ("tests/test_trainers.py", "tests/test_integrations.py"),
-        "test_trainer_",
+        ("tests/test_trainers.py", "tests/test_integrations.py", "tests/test_evaluation_runs.py"),
+        "test_trainer_ or hf_evaluate",
         "2 ranks: gradient accumulation and a batch-size ramp, each stopped mid-epoch and "
-        "resumed exactly",
+        "resumed exactly; evaluate() with every document once and its exact loss",
     ),
     "trl_sft": Integration(
         "TRL SFTTrainer",
@@ -86,9 +86,10 @@ INTEGRATIONS = {
         "Lightning",
         ("torch", "lightning"),
         ("lightning", "torch", "numpy"),
-        ("tests/test_trainers.py", "tests/test_lightning.py"),
+        ("tests/test_trainers.py", "tests/test_lightning.py", "tests/test_evaluation_runs.py"),
         "lightning",
-        "2 DDP ranks, stopped mid-epoch and resumed exactly; use_distributed_sampler=True refused",
+        "2 DDP ranks, stopped mid-epoch and resumed exactly; use_distributed_sampler=True "
+        "refused; validate() with every document once and its exact loss",
         harness=("transformers",),
     ),
     "stateful_loader": Integration(
