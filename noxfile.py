@@ -86,10 +86,9 @@ INTEGRATIONS = {
         "Lightning",
         ("torch", "lightning"),
         ("lightning", "torch", "numpy"),
-        ("tests/test_trainers.py", "tests/test_lightning.py", "tests/test_evaluation_runs.py"),
+        ("tests/test_trainers.py", "tests/test_lightning.py"),
         "lightning",
-        "2 DDP ranks, stopped mid-epoch and resumed exactly; use_distributed_sampler=True "
-        "refused; validate() with every document once and its exact loss",
+        "2 DDP ranks, stopped mid-epoch and resumed exactly; use_distributed_sampler=True refused",
         harness=("transformers",),
     ),
     "stateful_loader": Integration(
