@@ -65,20 +65,25 @@ def test_pack_alone(benchmark: Any) -> None:
     assert packing.n_segments == N_SEQS
 
 
+def _time_one_rank_epoch(benchmark: Any, lengths: Any, **options: Any) -> int:
+    """Time building a sampler of rank 3 and iterating its epoch; the batches it yields."""
+    benchmark.group = "sampler start-up"
+
+    def construct_and_iterate() -> int:
+        sampler = TokenBudgetBatchSampler(
+            lengths, MAX_TOKENS, num_replicas=RANKS, rank=3, **options
+        )
+        return sum(1 for _ in sampler)
+
+    count: int = benchmark.pedantic(construct_and_iterate, rounds=5, iterations=1)
+    return count
+
+
 def test_sampler_construction_and_one_rank_epoch(benchmark: Any) -> None:
     """What a job pays before and during its first epoch on one rank: packing, the
     epoch-0 deal, and iterating all of this rank's batches."""
     lengths, packing = lengths_and_packing(N_SEQS)
-    benchmark.group = "sampler start-up"
-
-    def construct_and_iterate() -> int:
-        sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, num_replicas=RANKS, rank=3)
-        count = 0
-        for _ in sampler:
-            count += 1
-        return count
-
-    count = benchmark.pedantic(construct_and_iterate, rounds=5, iterations=1)
+    count = _time_one_rank_epoch(benchmark, lengths)
     assert count * RANKS >= packing.n_bins
 
 
@@ -88,22 +93,11 @@ def test_mixture_construction_and_one_rank_epoch(benchmark: Any) -> None:
     dealing each, and iterating this rank's batches. ``renormalize`` runs the pass until
     every sequence is used, as the single-source epoch does."""
     lengths, packing = lengths_and_packing(N_SEQS)
-    benchmark.group = "sampler start-up"
     cuts = [0, N_SEQS // 2, N_SEQS * 8 // 10, N_SEQS]
     sources = {name: lengths[cuts[i] : cuts[i + 1]] for i, name in enumerate(("a", "b", "c"))}
     mixture = Mixture({"a": 0.5, "b": 0.3, "c": 0.2}, exhausted="renormalize")
     schedule = Piecewise([(0, 1 << 22)])
-
-    def construct_and_iterate() -> int:
-        sampler = TokenBudgetBatchSampler(
-            sources, MAX_TOKENS, num_replicas=RANKS, rank=3, mixture=mixture, schedule=schedule
-        )
-        count = 0
-        for _ in sampler:
-            count += 1
-        return count
-
-    count = benchmark.pedantic(construct_and_iterate, rounds=5, iterations=1)
+    count = _time_one_rank_epoch(benchmark, sources, mixture=mixture, schedule=schedule)
     assert count * RANKS >= packing.n_bins
 
 

@@ -6,17 +6,33 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+from collections.abc import Sized
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenbatch._convert import as_choice
 from tokenbatch.distribute import Balance, Dealer, mix_seed
+from tokenbatch.errors import InvalidValueError
 from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
 from tokenbatch.schedule import BatchSchedule
 from tokenbatch.torch._mixture import _Sources
 
 _OVERSIZE = ("error", "truncate", "split", "drop")
+_BALANCES = ("attention", "tokens", "flops")
+
+
+def check_early(lengths: Sized, dataset: Sized | None, balance: Balance) -> None:
+    """What the samplers check before packing, so that a mistake costs no packing time:
+    ``lengths`` describes ``dataset`` item for item and ``balance`` is a known cost."""
+    if dataset is not None and len(dataset) != len(lengths):
+        raise InvalidValueError(
+            f"lengths has {len(lengths)} entries but the dataset has {len(dataset)} items; "
+            "lengths must give the token count of every dataset item, in order"
+        )
+    if balance is not None:
+        as_choice(balance, "balance", _BALANCES)
 
 
 @dataclasses.dataclass(frozen=True)

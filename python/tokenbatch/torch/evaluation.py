@@ -37,6 +37,7 @@ from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import Packing, pack
 from tokenbatch.torch._items import item_tokens
 from tokenbatch.torch._row import row_collator
+from tokenbatch.torch._sampler_options import check_early
 from tokenbatch.torch.collate import PackedCollator
 
 __all__ = [
@@ -110,13 +111,7 @@ class EvaluationBatchSampler(Sampler[list[int]]):
         array = as_lengths(lengths)
         if len(array) == 0:
             raise InvalidValueError("an evaluation pass needs at least one document, got none")
-        if dataset is not None and len(dataset) != len(array):
-            raise InvalidValueError(
-                f"lengths has {len(array)} entries but the dataset has {len(dataset)} items; "
-                "lengths must give the token count of every dataset item, in order"
-            )
-        if balance is not None:
-            as_choice(balance, "balance", ("attention", "tokens", "flops"))
+        check_early(array, dataset, balance)
         self.num_replicas, self.rank = replicas_and_rank(num_replicas, rank)
         multiple = as_int(pad_to_multiple_of, "pad_to_multiple_of", minimum=1)
         self.packing: Packing = pack(

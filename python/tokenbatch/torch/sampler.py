@@ -26,7 +26,7 @@ from tokenbatch.mixture import Mixture, MixturePlan
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
 from tokenbatch.schedule import BatchSchedule
 from tokenbatch.torch._mixture import _mixture_dealer, _read_sources, _resized_start, _step_position
-from tokenbatch.torch._sampler_options import _OVERSIZE, _Option, _Options
+from tokenbatch.torch._sampler_options import _OVERSIZE, _Option, _Options, check_early
 from tokenbatch.torch._sampler_state import _STATE_FORMAT, _Cursor, _read_state, _Runs
 
 __all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
@@ -152,13 +152,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         else:
             sources, array = _read_sources(lengths, mixture, schedule)
         array.flags.writeable = False
-        if dataset is not None and len(dataset) != len(array):
-            raise InvalidValueError(
-                f"lengths has {len(array)} entries but the dataset has {len(dataset)} items; "
-                "lengths must give the token count of every dataset item, in order"
-            )
-        if balance is not None:
-            as_choice(balance, "balance", ("attention", "tokens", "flops"))
+        check_early(array, dataset, balance)
         if schedule is not None and not isinstance(schedule, BatchSchedule):
             raise InvalidTypeError(
                 f"schedule must be a tokenbatch.schedule schedule, got {type(schedule).__name__}"
