@@ -103,6 +103,7 @@ class Packing:
         n_seqs: int,
         kind: str,
         lower_bound: int,
+        group_ids: _I64 | None = None,
     ) -> Packing: ...
 
 @final

@@ -55,6 +55,7 @@ class _Options:
     hidden_size: int | None
     schedule: BatchSchedule | None
     mixture: _Sources | None = None
+    groups: npt.NDArray[np.int64] | None = None
 
     @property
     def repacks_every_epoch(self) -> bool:
@@ -73,6 +74,7 @@ class _Options:
                 max_seqs=self.max_seqs,
                 pad_to_multiple_of=self.pad_to_multiple_of,
                 oversize=self.oversize,
+                groups=self.groups,
             )
         return pack(
             self.lengths,
@@ -82,6 +84,7 @@ class _Options:
             pad_to_multiple_of=self.pad_to_multiple_of,
             oversize=self.oversize,
             seed=mix_seed(self.seed, packing_epoch) if self.repacks_every_epoch else self.seed,
+            groups=self.groups,
         )
 
     def planner(self, packing: Packing) -> Dealer:
@@ -120,6 +123,8 @@ class _Options:
     def fingerprint(self) -> str:
         digest = hashlib.blake2b(digest_size=16)
         digest.update(self.lengths.astype("<i8", copy=False).tobytes())
+        if self.groups is not None:
+            digest.update(b"groups" + self.groups.astype("<i8", copy=False).tobytes())
         options = {k: v for k, v in self.config().items() if k != "num_replicas"}
         digest.update(repr(sorted(options.items())).encode())
         return digest.hexdigest()

@@ -100,6 +100,12 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             share of its tokens, sources mixed within bins; an epoch is one pass, until a
             source runs out (see the mixture). :meth:`mixture_plan` tells what every step
             takes from every source.
+        groups: an integer id per sequence (``None``: every sequence on its own), as in
+            :func:`tokenbatch.pack`: sequences sharing an id (a preference pair, the turns
+            of one conversation) are placed whole in one batch, consecutively and in input
+            order, and the deal never cuts a batch inside a group, so a group is served
+            once, to one rank, in one micro-batch, across resumes and resizes too.
+            ``oversize`` must be ``"error"`` or ``"drop"``; not with ``mixture``.
 
     Raises:
         InvalidValueError: ``rank >= num_replicas``, lengths that disagree with
@@ -123,6 +129,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     pad_to_multiple_of: _Option[int] = _Option()
     hidden_size: _Option[int | None] = _Option()
     schedule: _Option[BatchSchedule | None] = _Option()
+    groups: _Option[npt.NDArray[np.int64] | None] = _Option()
 
     def __init__(
         self,
@@ -144,6 +151,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         hidden_size: int | None = None,
         schedule: BatchSchedule | None = None,
         mixture: Mixture | None = None,
+        groups: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
     ) -> None:
         super().__init__()
         sources = None
@@ -177,6 +185,7 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             else as_int(hidden_size, "hidden_size", minimum=1),
             schedule=schedule,
             mixture=sources,
+            groups=_read_groups(groups, mixture),
         )
         self._cursor = _Cursor()
         # Caches: the epoch-independent work for one packing, the current plan and its
@@ -540,3 +549,19 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             f"max_tokens={self.max_tokens}, mode={self.mode!r}, "
             f"num_replicas={self.num_replicas}, rank={self.rank}, epoch={self.epoch})"
         )
+
+
+def _read_groups(
+    groups: Sequence[int] | npt.NDArray[np.integer[Any]] | None, mixture: Mixture | None
+) -> npt.NDArray[np.int64] | None:
+    """The group ids, copied and frozen like the lengths (the packing checks them)."""
+    if groups is None:
+        return None
+    if mixture is not None:
+        raise InvalidValueError(
+            "groups cannot be combined with a mixture yet: a mixture packs each step's "
+            "sequences from several sources; pack the groups of one source without it"
+        )
+    ids = np.array(as_lengths(groups, "groups"), dtype=np.int64)
+    ids.flags.writeable = False
+    return ids

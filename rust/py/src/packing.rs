@@ -288,6 +288,10 @@ impl PyPacking {
             this.bins.n_seqs,
             this.bins.kind.name(),
             this.bins.lower_bound,
+            this.bins
+                .group_ids
+                .as_ref()
+                .map(|ids| PyArray1::from_slice(py, ids)),
         );
         let rebuild = py.get_type::<Self>().getattr("_from_parts")?;
         Ok((rebuild, parts.into_pyobject(py)?))
@@ -295,6 +299,10 @@ impl PyPacking {
 
     /// Rebuild a pickled packing (private).
     #[staticmethod]
+    #[pyo3(signature = (
+        bin_offsets, indices, starts, lengths, bin_tokens, counts, max_tokens, n_seqs, kind,
+        lower_bound, group_ids=None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn _from_parts(
         bin_offsets: PyReadonlyArray1<'_, i64>,
@@ -307,6 +315,7 @@ impl PyPacking {
         n_seqs: u64,
         kind: &str,
         lower_bound: u64,
+        group_ids: Option<PyReadonlyArray1<'_, i64>>,
     ) -> PyResult<Self> {
         guard("Packing._from_parts", || {
             let [input_tokens, dropped_seqs, dropped_tokens, truncated_seqs, truncated_tokens, split_seqs, split_pieces] =
@@ -334,6 +343,11 @@ impl PyPacking {
                 n_seqs,
                 kind: kind.parse().into_py_result()?,
                 lower_bound,
+                group_ids: group_ids
+                    .as_ref()
+                    .map(as_slice)
+                    .transpose()?
+                    .map(Into::into),
             };
             bins.validate().into_py_result()?;
             // All zero: no sequence was split, as `pack` records it.
@@ -399,7 +413,11 @@ fn run<'py>(
             }
             (PackingKind::Packed, Some(ids)) => packing::pack_grouped(lengths, ids, options),
         }?;
-        Ok(Bins::new(packing, options, lengths.len(), kind))
+        let bins = Bins::new(packing, options, lengths.len(), kind);
+        Ok(match groups {
+            Some(ids) => bins.with_group_ids(ids),
+            None => bins,
+        })
     }
     let groups = groups.as_ref().map(as_slice).transpose()?;
     let bins = match &lengths {

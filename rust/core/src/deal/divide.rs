@@ -79,7 +79,8 @@ pub fn divide(bins: &Bins, options: &DealOptions) -> Result<Divided> {
         return Ok(divided);
     }
     let needed = ranks - remainder;
-    let capacity = cut_capacity(&divided.bin_offsets);
+    let grouped = Grouped(bins.group_ids.is_some().then_some(bins));
+    let capacity = cut_capacity(&divided.bin_offsets, grouped);
     if options.split_sequences && capacity < needed as u64 {
         let shortfall = needed as u64 - capacity;
         if let Some((arrays, offsets, n_cut)) = cut_sequences(packing, shortfall) {
@@ -104,7 +105,16 @@ pub fn divide(bins: &Bins, options: &DealOptions) -> Result<Divided> {
             .map(|cost| cost.of(kind, per_attention))
             .collect()
     };
-    let cuts = cut_bins(&divided.bin_offsets, lengths, &weights, needed, ranks)?;
+    // Sequences are cut only without groups, so with groups the segment positions are
+    // still the packing's.
+    let cuts = cut_bins(
+        &divided.bin_offsets,
+        lengths,
+        &weights,
+        needed,
+        ranks,
+        grouped,
+    )?;
     let (offsets, costs) = apply_cuts(&divided.bin_offsets, &divided.costs, &cuts, |pieces| {
         bin_costs(pieces, lengths, bins.kind, multiple)
     });
@@ -131,13 +141,31 @@ fn least_filled(costs: &[BinCost], count: usize) -> Vec<u32> {
     ids
 }
 
-/// Bins that cutting between segments can add: one fewer than the segments of each bin.
-fn cut_capacity(offsets: &[i64]) -> u64 {
-    offsets
-        .windows(2)
-        // An empty bin (possible in bins rebuilt from outside) adds none, not -1 as u64.
-        .map(|w| (w[1] - w[0]).max(1) as u64 - 1)
-        .sum()
+/// Where bins may be cut: between any two segments, or, for a packing with groups (the
+/// bins held), only between groups.
+#[derive(Clone, Copy)]
+struct Grouped<'a>(Option<&'a Bins>);
+
+impl<'a> Grouped<'a> {
+    /// Positions inside bin `lo..hi` where it may be cut (before segment `j`, `lo < j < hi`).
+    fn positions(self, lo: i64, hi: i64) -> impl Iterator<Item = usize> + 'a {
+        (lo + 1..hi)
+            .map(|j| j as usize)
+            .filter(move |&j| self.0.is_none_or(|bins| bins.may_cut_before(j)))
+    }
+
+    fn count(self, lo: i64, hi: i64) -> u64 {
+        match self.0 {
+            // An empty bin (possible in bins rebuilt from outside) adds none, not -1 as u64.
+            None => (hi - lo).max(1) as u64 - 1,
+            Some(_) => self.positions(lo, hi).count() as u64,
+        }
+    }
+}
+
+/// Bins that cutting between segments (between groups, with groups) can add.
+fn cut_capacity(offsets: &[i64], grouped: Grouped<'_>) -> u64 {
+    offsets.windows(2).map(|w| grouped.count(w[0], w[1])).sum()
 }
 
 /// The first `count` items of `items` in the total order `order`, in that order.
@@ -294,20 +322,27 @@ fn cut_bins(
     weights: &[f64],
     needed: usize,
     ranks: usize,
+    grouped: Grouped<'_>,
 ) -> Result<Vec<(u32, Vec<i64>)>> {
     let n_bins = weights.len();
-    let capacity = cut_capacity(offsets);
+    let capacity = cut_capacity(offsets, grouped);
     if capacity < needed as u64 {
         let n_segments = offsets.last().copied().unwrap_or(0);
         return Err(Error::invalid(format!(
             "cannot give each of num_replicas={ranks} ranks the same number of batches: the \
              packing has {n_bins} bins holding {n_segments} sequences, and {} non-empty bins \
-             would be needed; pass drop_last=True to leave the remainder out, use a smaller \
-             max_tokens or fewer replicas",
-            n_bins + needed
+             would be needed{}; pass drop_last=True to leave the remainder out, use a \
+             smaller max_tokens or fewer replicas",
+            n_bins + needed,
+            if grouped.0.is_some() {
+                " (bins are cut only between atomic groups)"
+            } else {
+                ""
+            }
         )));
     }
-    let count = |bin: usize| (offsets[bin + 1] - offsets[bin]) as u64;
+    // The most pieces bin `bin` can be cut into.
+    let count = |bin: usize| 1 + grouped.count(offsets[bin], offsets[bin + 1]);
     let splittable: Vec<u32> = (0..n_bins as u32)
         .filter(|&b| count(b as usize) >= 2)
         .collect();
@@ -343,8 +378,20 @@ fn cut_bins(
         .into_iter()
         .map(|(bin, pieces)| {
             let (lo, hi) = (offsets[bin as usize], offsets[bin as usize + 1]);
-            let cuts = cut_points(&lengths[lo as usize..hi as usize], pieces as usize);
-            (bin, cuts.into_iter().map(|cut| lo + cut as i64).collect())
+            // The bin's units: runs of segments between the positions where it may be cut.
+            let starts: Vec<usize> = std::iter::once(lo as usize)
+                .chain(grouped.positions(lo, hi))
+                .collect();
+            let units: Vec<i64> = starts
+                .iter()
+                .zip(starts.iter().skip(1).copied().chain([hi as usize]))
+                .map(|(&a, b)| lengths[a..b].iter().sum())
+                .collect();
+            let cuts = cut_points(&units, pieces as usize);
+            (
+                bin,
+                cuts.into_iter().map(|cut| starts[cut] as i64).collect(),
+            )
         })
         .collect())
 }

@@ -73,6 +73,7 @@ pub fn rest(deal: &EpochDeal, step: usize) -> Result<Bins> {
         max_tokens: source.max_tokens,
         n_seqs: source.n_seqs,
         kind: source.kind,
+        group_ids: source.group_ids.clone(),
     })
 }
 

@@ -449,6 +449,7 @@ fn rebuilt_bins_without_a_budget_are_refused() {
         n_seqs: 0,
         kind: PackingKind::Packed,
         lower_bound: 0,
+        group_ids: None,
     };
     assert!(bins
         .validate()
@@ -482,8 +483,92 @@ fn empty_rebuilt_bins_add_no_cutting_capacity() {
         n_seqs: 2,
         kind: PackingKind::Packed,
         lower_bound: 1,
+        group_ids: None,
     };
     bins.validate().unwrap();
     let error = Dealer::new(Arc::new(bins), options(1 << 40)).unwrap_err();
     assert!(error.to_string().contains("cannot give each"), "{error}");
+}
+
+/// Bins of `lengths` packed with atomic groups of the given sizes (ids 0, 1, ... in order).
+fn grouped_bins(
+    lengths: &[i64],
+    sizes: &[usize],
+    max_tokens: i64,
+) -> Option<(Arc<Bins>, Vec<i64>)> {
+    let ids: Vec<i64> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(id, &size)| std::iter::repeat_n(id as i64, size))
+        .take(lengths.len())
+        .collect();
+    let options = PackOptions::new(max_tokens, None, 1, "error", "bfd", 0).ok()?;
+    let packing = crate::packing::pack_grouped(lengths, &ids, &options).ok()?;
+    let bins =
+        Bins::new(packing, &options, lengths.len(), PackingKind::Packed).with_group_ids(&ids);
+    Some((Arc::new(bins), ids))
+}
+
+/// Every group's members in one dealt bin, consecutive and in input order.
+fn groups_whole(deck: &Deck, bins: &[i64], ids: &[i64]) -> std::result::Result<(), TestCaseError> {
+    let mut bin_of: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    for &bin in bins {
+        let indices = &deck.indices()[deck.segment_range(bin as usize)];
+        for (position, &index) in indices.iter().enumerate() {
+            let id = ids[index as usize];
+            if let Some(&(other_bin, last)) = bin_of.get(&id) {
+                prop_assert_eq!(other_bin, bin, "group {} cut across bins", id);
+                prop_assert_eq!(last + 1, index, "group {} out of order", id);
+                prop_assert!(position > 0);
+            }
+            bin_of.insert(id, (bin, index));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn deals_and_resized_deals_never_cut_a_group(
+        lengths in prop::collection::vec(0i64..60, 1..120),
+        sizes in prop::collection::vec(1usize..4, 120),
+        first in 1usize..7,
+        second in 1usize..7,
+        fraction in 0.0f64..1.0,
+        seed in any::<u64>(),
+    ) {
+        let Some((bins, ids)) = grouped_bins(&lengths, &sizes, 128) else {
+            return Ok(());
+        };
+        let base = DealOptions { seed, ..options(first) };
+        let Ok(dealer) = Dealer::new(Arc::clone(&bins), base.clone()) else {
+            return Ok(());
+        };
+        let deal = dealer.deal(1);
+        check_plan(&bins, &deal, 1);
+        groups_whole(deal.deck(), deal.steps(), &ids)?;
+        let steps = (fraction * deal.n_steps() as f64) as usize;
+        let runs = [Run { num_replicas: first, steps }];
+        let Ok(resized) = Dealer::new(Arc::clone(&bins), DealOptions { num_replicas: second, ..base }) else {
+            return Ok(());
+        };
+        if let Ok(rest) = resized.deal_after(1, &runs) {
+            groups_whole(rest.deck(), rest.steps(), &ids)?;
+        }
+    }
+}
+
+#[test]
+fn too_few_groups_for_the_ranks_are_refused_naming_groups() {
+    // Two groups of two sequences, one bin: four ranks would need cuts inside groups.
+    let (bins, _) = grouped_bins(&[5, 5, 5, 5], &[2, 2], 100).unwrap();
+    let error = Dealer::new(Arc::clone(&bins), options(4))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("only between atomic groups"), "{error}");
+    // Two ranks: the bin is cut between the groups.
+    let deal = Dealer::new(bins, options(2)).unwrap().deal(0);
+    assert_eq!(deal.deck().bin_offsets(), &[0, 2, 4]);
 }

@@ -3,6 +3,7 @@
 //! from outside.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use super::{PackOptions, Packing};
 use crate::error::{Error, Result};
@@ -53,6 +54,9 @@ pub struct Bins {
     pub kind: PackingKind,
     /// Fewest bins any packing of these segments could use.
     pub lower_bound: u64,
+    /// The atomic-group id of every input sequence, when the packing was made with groups:
+    /// the deals cut bins only between groups.
+    pub group_ids: Option<Arc<[i64]>>,
 }
 
 impl Bins {
@@ -66,7 +70,25 @@ impl Bins {
             n_seqs: n_seqs as u64,
             kind,
             lower_bound,
+            group_ids: None,
         }
+    }
+
+    /// These bins with the group id of every input sequence, so that no deal cuts a group.
+    pub fn with_group_ids(self, group_ids: &[i64]) -> Self {
+        Self {
+            group_ids: Some(group_ids.into()),
+            ..self
+        }
+    }
+
+    /// Whether a bin may be cut just before segment position `j` (`j >= 1`): always,
+    /// unless segments `j - 1` and `j` belong to one group.
+    pub fn may_cut_before(&self, j: usize) -> bool {
+        let indices = &self.packing.indices;
+        self.group_ids
+            .as_ref()
+            .is_none_or(|ids| ids[indices[j - 1] as usize] != ids[indices[j] as usize])
     }
 
     /// Check that the arrays form a packing (for bins rebuilt from outside, e.g. unpickled):
@@ -75,6 +97,15 @@ impl Bins {
     pub fn validate(&self) -> Result<()> {
         if self.max_tokens == 0 {
             return Err(Error::invalid("max_tokens must be at least 1, got 0"));
+        }
+        if let Some(ids) = &self.group_ids {
+            if ids.len() as u64 != self.n_seqs {
+                return Err(Error::invalid(format!(
+                    "a packing of {} sequences needs one group id per sequence, got {}",
+                    self.n_seqs,
+                    ids.len()
+                )));
+            }
         }
         let p = &self.packing;
         let n = p.indices.len();

@@ -174,5 +174,8 @@ pub fn pack_costs(
         .unwrap_or(0);
     let mut bins = Bins::new(packing, &pack_options, n, PackingKind::Packed);
     bins.lower_bound = bins.lower_bound.max(by_column);
-    Ok(bins)
+    Ok(match groups {
+        Some(ids) => bins.with_group_ids(ids),
+        None => bins,
+    })
 }

@@ -395,6 +395,7 @@ fn bins_whose_segments_share_a_token_are_refused() {
             n_seqs: 142,
             kind: PackingKind::Packed,
             lower_bound: 0,
+            group_ids: None,
         }
     };
     let refused = |b: Bins| b.validate().unwrap_err().to_string();
@@ -437,6 +438,7 @@ fn rebuilt_bins_over_their_budget_are_refused() {
         n_seqs: 136,
         kind: PackingKind::Packed,
         lower_bound: 0,
+        group_ids: None,
     };
     let error = bins(vec![73, 73, 34_952])
         .validate()
