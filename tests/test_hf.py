@@ -291,3 +291,43 @@ def test_trl_padding_free_collator_reads_the_packed_rows() -> None:
         assert "cu_seq_lens_q" not in batch
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 0]]
     assert batch["labels"].tolist() == [[-100, 2, 3, 4, -100, 9, 10, -100]]
+
+
+def test_groups_column_keeps_each_group_in_one_row_in_order() -> None:
+    # Preference pairs: rows 2k and 2k+1 share pair id 100 - k (ids neither sorted nor
+    # contiguous). Token j of row i is i * 10_000 + j, so a packed row tells its rows.
+    lengths = [30, 5, 28, 4, 26, 6, 3, 24, 9, 9]
+    table = encoded(lengths).append_column("pair", pa.array([100 - i // 2 for i in range(10)]))
+
+    def pair_rows(packed: pa.Table) -> list[list[int]]:
+        rows = packed.column("input_ids").to_pylist()
+        return [list(dict.fromkeys(token // 10_000 for token in row)) for row in rows]
+
+    ungrouped = pair_rows(pack_table(encoded(lengths), 40, oversize="error")[0])
+    assert any(sum((2 * k in row) != (2 * k + 1 in row) for row in ungrouped) for k in range(5))
+    packed, _ = pack_table(table, 40, groups="pair", oversize="error")
+    assert "pair" not in packed.column_names
+    rows = pair_rows(packed)
+    assert sorted(i for row in rows for i in row) == list(range(10))
+    for row in rows:
+        for k in range(5):
+            if 2 * k in row:
+                assert row[row.index(2 * k) + 1] == 2 * k + 1, f"pair {k} apart in {row}"
+    tokens = packed.column("input_ids").combine_chunks().values.to_numpy()
+    assert len(tokens) == sum(lengths)
+    dataset = pack_dataset(datasets.Dataset(table), 40, groups="pair", oversize="drop")
+    assert pair_rows(dataset.data.table) == rows
+
+
+def test_bad_groups_columns_are_named() -> None:
+    table = encoded([3, 4]).append_column("pair", pa.array([1.0, 2.0]))
+    with pytest.raises(InvalidValueError, match="must name a column"):
+        pack_table(table, 40, groups="nope", oversize="error")
+    with pytest.raises(InvalidTypeError, match="must hold integers"):
+        pack_table(table, 40, groups="pair", oversize="error")
+    nulls = encoded([3, 4]).append_column("pair", pa.array([1, None]))
+    with pytest.raises(InvalidValueError, match="null"):
+        pack_table(nulls, 40, groups="pair", oversize="error")
+    ints = encoded([3, 4]).append_column("pair", pa.array([1, 1]))
+    with pytest.raises(InvalidValueError, match="truncate"):
+        pack_table(ints, 40, groups="pair")

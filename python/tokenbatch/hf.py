@@ -58,6 +58,7 @@ def pack_dataset(
     position_ids: bool = False,
     seed: int = 0,
     progress: Callable[[int, int], object] | None = None,
+    groups: str | None = None,
 ) -> DatasetLike:
     """Pack a dataset of token lists into rows of at most ``max_tokens`` tokens.
 
@@ -85,6 +86,11 @@ def pack_dataset(
         progress: called as ``progress(tokens_done, tokens_total)`` while the rows are
             assembled (after each group of about 16M tokens), e.g. to drive a progress
             bar; the last call has ``tokens_done == tokens_total``.
+        groups: the name of an integer column of atomic-group ids (a preference pair, the
+            turns of one conversation): the rows sharing an id are packed whole into one
+            packed row, consecutively and in dataset order (see :func:`tokenbatch.pack`;
+            the rows of a group must be consecutive). The column itself is not packed.
+            ``oversize`` must then be ``"error"`` or ``"drop"`` (a group is never cut).
 
     Empty sequences hold no tokens and are left out, as TRL does.
 
@@ -108,6 +114,7 @@ def pack_dataset(
             position_ids=position_ids,
             seed=seed,
             progress=progress,
+            groups=groups,
         )
         return table  # type: ignore[no-any-return]
     datasets = _import_datasets(dataset)
@@ -134,11 +141,12 @@ def pack_dataset(
         position_ids=position_ids,
         seed=seed,
         progress=progress,
+        groups=groups,
     )
     # A fingerprint from the input's and the options, as datasets' own transforms do;
     # without one, datasets would hash every token of the result.
     digest = hashlib.blake2b(digest_size=8)
-    options = (max_tokens, algorithm, oversize, columns, max_seqs, position_ids, seed)
+    options = (max_tokens, algorithm, oversize, columns, max_seqs, position_ids, seed, groups)
     digest.update(f"{datasets_compat.fingerprint(dataset)}/tokenbatch.pack/{options!r}".encode())
     packed = datasets.Dataset(table, fingerprint=digest.hexdigest())
     if dataset.format["type"] is not None:
@@ -157,6 +165,7 @@ def pack_table(
     position_ids: bool = False,
     seed: int = 0,
     progress: Callable[[int, int], object] | None = None,
+    groups: str | None = None,
 ) -> tuple[pa.Table, Packing]:
     """Pack a ``pyarrow.Table``: :func:`pack_dataset` for tables, also returning the
     :class:`~tokenbatch.Packing` (whose ``indices`` are row numbers of ``table``).
@@ -174,7 +183,8 @@ def pack_table(
         raise InvalidTypeError(f"position_ids must be a bool, got {position_ids!r}")
     if table.num_rows == 0:
         raise InvalidValueError("the dataset is empty: there is nothing to pack")
-    names = packed_columns(table.schema, columns)
+    group_ids = None if groups is None else _group_column(table, groups)
+    names = packed_columns(table.schema if groups is None else table.drop([groups]).schema, columns)
     for output in ("seq_lengths", "position_ids") if position_ids else ("seq_lengths",):
         if output in table.column_names:
             raise InvalidValueError(
@@ -184,7 +194,13 @@ def pack_table(
     arrays = [_list_array(table, name) for name in names]
     lengths = _row_lengths(arrays, names)
     packing = pack(
-        lengths, budget, algorithm=algorithm, max_seqs=max_seqs, oversize=oversize, seed=seed
+        lengths,
+        budget,
+        algorithm=algorithm,
+        max_seqs=max_seqs,
+        oversize=oversize,
+        seed=seed,
+        groups=group_ids,
     )
     seg_rows, seg_starts, seg_lengths, bin_offsets = _non_empty_segments(packing)
     # Where each segment's tokens start in the output, and the first token of each row.
@@ -206,8 +222,8 @@ def pack_table(
     local = threading.local()  # each thread's reused gather buffers
     buffer_size = min(int(out_starts[-1]), _CHUNK_TOKENS + budget)
 
-    def assemble(group: tuple[int, int]) -> tuple[list[Any], Any]:
-        first_bin, end_bin = group
+    def assemble(run: tuple[int, int]) -> tuple[list[Any], Any]:
+        first_bin, end_bin = run
         s0, s1 = int(bin_offsets[first_bin]), int(bin_offsets[end_bin])
         t0, t1 = int(row_offsets[first_bin]), int(row_offsets[end_bin])
         count = t1 - t0
@@ -250,20 +266,20 @@ def pack_table(
             positions_chunk = _list_from(list_offsets, pa.array(positions), pa.int64(), False)
         return columns, positions_chunk
 
-    # Rows are assembled in groups of about _CHUNK_TOKENS tokens, so that the gather index
+    # Rows are assembled in runs of about _CHUNK_TOKENS tokens, so that the gather index
     # is a small reused buffer rather than an array as long as the whole token stream,
-    # and groups are assembled in parallel (Arrow and numpy release the GIL).
-    groups = _bin_groups(row_offsets, _CHUNK_TOKENS)
-    threads = min(len(groups), get_num_threads())
+    # and runs are assembled in parallel (Arrow and numpy release the GIL).
+    runs = _bin_runs(row_offsets, _CHUNK_TOKENS)
+    threads = min(len(runs), get_num_threads())
     total_tokens = int(row_offsets[-1])
     assembled = []
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext() as executor:
-        results = executor.map(assemble, groups) if executor else map(assemble, groups)
-        for (_, end_bin), result in zip(groups, results, strict=True):
+        results = executor.map(assemble, runs) if executor else map(assemble, runs)
+        for (_, end_bin), result in zip(runs, results, strict=True):
             assembled.append(result)
             if progress is not None:
                 progress(int(row_offsets[end_bin]), total_tokens)
-    if progress is not None and not groups:
+    if progress is not None and not runs:
         progress(0, 0)
     chunks = [[columns[i] for columns, _ in assembled] for i in range(len(arrays))]
     position_chunks = [chunk for _, chunk in assembled]
@@ -286,7 +302,24 @@ def pack_table(
 _CHUNK_TOKENS = CHUNK_TOKENS
 
 
-def _bin_groups(row_offsets: _I64, tokens: int) -> list[tuple[int, int]]:
+def _group_column(table: pa.Table, name: str) -> _I64:
+    """The group ids of column ``name``: integers, one per row, none missing."""
+    import pyarrow as pa
+
+    if not isinstance(name, str) or name not in table.column_names:
+        raise InvalidValueError(
+            f"groups must name a column of the dataset, got {name!r} "
+            f"(columns: {table.column_names})"
+        )
+    column = table.column(name)
+    if not pa.types.is_integer(column.type):
+        raise InvalidTypeError(f"the groups column {name!r} must hold integers, got {column.type}")
+    if column.null_count:
+        raise InvalidValueError(f"the groups column {name!r} has {column.null_count} null ids")
+    return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+def _bin_runs(row_offsets: _I64, tokens: int) -> list[tuple[int, int]]:
     """Consecutive ranges of bins holding about ``tokens`` tokens each."""
     n_bins = len(row_offsets) - 1
     total = int(row_offsets[-1])
