@@ -80,6 +80,11 @@ impl Modules {
     /// No module.
     pub const NONE: Modules = Modules(0);
 
+    /// The bits of the modules.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
     /// Whether `module` (one of the constants) is recomputed.
     pub fn has(self, module: u8) -> bool {
         self.0 & module != 0

@@ -1,0 +1,348 @@
+//! The named options of an estimate (`recompute="full"`, `param_dtype="bf16"`...): each is
+//! an enum that parses its own names and gives the number its layout field holds.
+//!
+//! Names match in any case, lowercased as Python's `str.lower` does (Rust's
+//! `str::to_lowercase` follows the same Unicode tables: the Kelvin sign is a `k`).
+
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+use crate::memory::activations::CpComm;
+use crate::memory::layout::{ActivationModel, Modules, Recompute};
+use crate::memory::pipeline::PipelineSplit;
+
+/// An option whose values are names: the names it accepts and the number each stands for
+/// in its layout field (a code, or bytes for a dtype).
+pub trait Choice: Copy + Sized + 'static {
+    /// The names, with their values (several names may share one).
+    const CHOICES: &'static [(&'static str, Self)];
+
+    /// The value the layout field holds.
+    fn code(self) -> f64;
+
+    /// The choice `name` names, in any case; `option` names the option in the error,
+    /// which lists the choices.
+    fn parse(option: &str, name: &str) -> Result<Self> {
+        let lower = name.to_lowercase();
+        Self::CHOICES
+            .iter()
+            .find(|(choice, _)| *choice == lower)
+            .map(|&(_, value)| value)
+            .ok_or_else(|| {
+                let listed: Vec<String> = Self::CHOICES.iter().map(|(n, _)| format!("'{n}'")).collect();
+                Error::invalid(format!(
+                    "{option} must be one of {}, got '{name}'",
+                    listed.join(", ")
+                ))
+            })
+    }
+}
+
+/// Implements [`FromStr`] for a [`Choice`], naming `$option` in its error.
+macro_rules! from_str {
+    ($type:ty, $option:literal) => {
+        impl FromStr for $type {
+            type Err = Error;
+
+            fn from_str(name: &str) -> Result<Self> {
+                <$type as Choice>::parse($option, name)
+            }
+        }
+    };
+}
+
+/// How attention keeps what its backward needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attention {
+    /// Flash attention: no `s x s` scores kept.
+    Flash,
+    /// Eager attention: the softmax probabilities kept.
+    Eager,
+}
+
+impl Choice for Attention {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("flash", Attention::Flash), ("eager", Attention::Eager)];
+
+    fn code(self) -> f64 {
+        f64::from(u8::from(self == Attention::Eager))
+    }
+}
+from_str!(Attention, "attention");
+
+/// What the loss keeps of the logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// The logits are kept for the loss's backward.
+    Standard,
+    /// A fused (chunked) cross-entropy keeps no logits.
+    Fused,
+}
+
+impl Choice for Loss {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("standard", Loss::Standard), ("fused", Loss::Fused)];
+
+    fn code(self) -> f64 {
+        f64::from(u8::from(self == Loss::Fused))
+    }
+}
+from_str!(Loss, "loss");
+
+impl Choice for CpComm {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("p2p", CpComm::P2p),
+        ("all_gather", CpComm::AllGather),
+        ("a2a", CpComm::A2a),
+    ];
+
+    fn code(self) -> f64 {
+        match self {
+            CpComm::P2p => 0.0,
+            CpComm::AllGather => 1.0,
+            CpComm::A2a => 2.0,
+        }
+    }
+}
+from_str!(CpComm, "cp_comm");
+
+impl Choice for ActivationModel {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("modern", ActivationModel::Modern),
+        ("korthikanti", ActivationModel::Korthikanti),
+    ];
+
+    fn code(self) -> f64 {
+        f64::from(u8::from(self == ActivationModel::Korthikanti))
+    }
+}
+from_str!(ActivationModel, "activation_model");
+
+impl Choice for PipelineSplit {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("even", PipelineSplit::Even),
+        ("auto", PipelineSplit::Auto),
+        ("embedding", PipelineSplit::Embedding),
+        ("loss", PipelineSplit::Loss),
+        ("embedding_and_loss", PipelineSplit::EmbeddingAndLoss),
+    ];
+
+    fn code(self) -> f64 {
+        match self {
+            PipelineSplit::Even => 0.0,
+            PipelineSplit::Auto => 1.0,
+            PipelineSplit::Embedding => 2.0,
+            PipelineSplit::Loss => 3.0,
+            PipelineSplit::EmbeddingAndLoss => 4.0,
+        }
+    }
+}
+from_str!(PipelineSplit, "pipeline_split");
+
+/// A floating-point format, by its bytes per element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    Fp32,
+    Bf16,
+    Fp16,
+    Fp8,
+}
+
+impl Choice for Dtype {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("fp32", Dtype::Fp32),
+        ("float32", Dtype::Fp32),
+        ("tf32", Dtype::Fp32),
+        ("bf16", Dtype::Bf16),
+        ("bfloat16", Dtype::Bf16),
+        ("fp16", Dtype::Fp16),
+        ("float16", Dtype::Fp16),
+        ("fp8", Dtype::Fp8),
+    ];
+
+    fn code(self) -> f64 {
+        match self {
+            Dtype::Fp32 => 4.0,
+            Dtype::Bf16 | Dtype::Fp16 => 2.0,
+            Dtype::Fp8 => 1.0,
+        }
+    }
+}
+
+/// An optimizer, by the states it keeps per parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Optimizer {
+    /// AdamW (or Adam): two moments.
+    Adam,
+    /// Lion, Muon, SGD with momentum: one.
+    Momentum,
+    /// SGD without momentum: none.
+    Stateless,
+}
+
+impl Choice for Optimizer {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("adamw", Optimizer::Adam),
+        ("adam", Optimizer::Adam),
+        ("lion", Optimizer::Momentum),
+        ("muon", Optimizer::Momentum),
+        ("sgd", Optimizer::Momentum),
+        ("sgd_no_momentum", Optimizer::Stateless),
+    ];
+
+    fn code(self) -> f64 {
+        match self {
+            Optimizer::Adam => 2.0,
+            Optimizer::Momentum => 1.0,
+            Optimizer::Stateless => 0.0,
+        }
+    }
+}
+from_str!(Optimizer, "optimizer");
+
+/// The plain `recompute` modes and their codes.
+pub const RECOMPUTE_MODES: [(&str, u8); 3] = [("none", 0), ("selective", 1), ("full", 2)];
+
+/// Megatron-Core's `recompute_modules` the estimate models, each with its bit.
+pub const RECOMPUTE_MODULES: [(&str, u8); 7] = [
+    ("core_attn", Modules::CORE_ATTN),
+    ("mlp", Modules::MLP),
+    ("layernorm", Modules::LAYERNORM),
+    ("moe", Modules::MOE),
+    ("shared_experts", Modules::SHARED_EXPERTS),
+    ("mla_up_proj", Modules::MLA_UP_PROJ),
+    ("moe_act", Modules::MOE_ACT),
+];
+
+/// Joins modules in a `recompute` name.
+const SEPARATOR: char = '+';
+
+impl FromStr for Recompute {
+    type Err = Error;
+
+    /// A mode, or modules joined with `+` in any order (a module named twice counts once).
+    fn from_str(name: &str) -> Result<Self> {
+        let lower = name.to_lowercase();
+        let code = match RECOMPUTE_MODES.iter().find(|(mode, _)| *mode == lower) {
+            Some(&(_, code)) => Some(code),
+            None => lower.split(SEPARATOR).try_fold(0u8, |bits, part| {
+                let (_, bit) = RECOMPUTE_MODULES.iter().find(|(module, _)| *module == part)?;
+                Some(bits | bit)
+            }).map(|bits| 2 + bits),
+        };
+        code.map(|code| Recompute::from_code(f64::from(code))).ok_or_else(|| {
+            let modes: Vec<String> = RECOMPUTE_MODES.iter().map(|(n, _)| format!("'{n}'")).collect();
+            let modules: Vec<String> =
+                RECOMPUTE_MODULES.iter().map(|(n, _)| format!("'{n}'")).collect();
+            Error::invalid(format!(
+                "recompute must be one of {} or Megatron-Core modules ({}) joined with \
+                 '{SEPARATOR}', got '{name}'",
+                modes.join(", "),
+                modules.join(", ")
+            ))
+        })
+    }
+}
+
+impl Recompute {
+    /// The `recompute` code of the mode: a set of modules is 2 plus its bits, so that
+    /// `core_attn` alone, Megatron-Core's default, is 3.
+    pub fn code(self) -> f64 {
+        match self {
+            Recompute::None => 0.0,
+            Recompute::Selective => 1.0,
+            Recompute::Full => 2.0,
+            Recompute::Modules(modules) => 2.0 + f64::from(modules.bits()),
+        }
+    }
+
+    /// The name of the mode: the modules in [`RECOMPUTE_MODULES`] order joined with `+`.
+    pub fn name(self) -> String {
+        match self {
+            Recompute::Modules(modules) => {
+                let names: Vec<&str> = RECOMPUTE_MODULES
+                    .iter()
+                    .filter(|(_, bit)| modules.has(*bit))
+                    .map(|(name, _)| *name)
+                    .collect();
+                names.join("+")
+            }
+            mode => RECOMPUTE_MODES[mode.code() as usize].0.to_string(),
+        }
+    }
+}
+
+/// The number that layout field `option` holds for `name` (case-insensitive): the code of
+/// a named choice, or the bytes of a dtype. An error names the option and lists its
+/// choices.
+pub fn option_code(option: &str, name: &str) -> Result<f64> {
+    Ok(match option {
+        "recompute" => name.parse::<Recompute>()?.code(),
+        "attention" => Attention::parse(option, name)?.code(),
+        "loss" => Loss::parse(option, name)?.code(),
+        "cp_comm" => CpComm::parse(option, name)?.code(),
+        "activation_model" => ActivationModel::parse(option, name)?.code(),
+        "pipeline_split" => PipelineSplit::parse(option, name)?.code(),
+        "optimizer" => Optimizer::parse(option, name)?.code(),
+        _ if option.ends_with("_dtype") => Dtype::parse(option, name)?.code(),
+        _ => return Err(Error::invalid(format!("{option} takes no names"))),
+    })
+}
+
+/// The names option `option` accepts with their values, in the order listed (for
+/// `recompute`, its modes; its modules are [`RECOMPUTE_MODULES`]).
+pub fn option_choices(option: &str) -> Result<Vec<(&'static str, f64)>> {
+    fn all<T: Choice>() -> Vec<(&'static str, f64)> {
+        T::CHOICES.iter().map(|&(name, value)| (name, value.code())).collect()
+    }
+    Ok(match option {
+        "recompute" => RECOMPUTE_MODES
+            .iter()
+            .map(|&(name, code)| (name, f64::from(code)))
+            .collect(),
+        "attention" => all::<Attention>(),
+        "loss" => all::<Loss>(),
+        "cp_comm" => all::<CpComm>(),
+        "activation_model" => all::<ActivationModel>(),
+        "pipeline_split" => all::<PipelineSplit>(),
+        "optimizer" => all::<Optimizer>(),
+        _ if option.ends_with("_dtype") => all::<Dtype>(),
+        _ => return Err(Error::invalid(format!("{option} takes no names"))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_in_any_case_and_errors_list_the_choices() {
+        assert_eq!(option_code("attention", "EAGER"), Ok(1.0));
+        assert_eq!(option_code("activation_model", "\u{212a}orthikanti"), Ok(1.0));
+        assert!(option_code("activation_model", "korthikant\u{130}").is_err());
+        assert_eq!(option_code("param_dtype", "BFloat16"), Ok(2.0));
+        assert_eq!(option_code("optimizer", "sgd_no_momentum"), Ok(0.0));
+        let error = option_code("attention", "x").unwrap_err().to_string();
+        assert_eq!(error, "attention must be one of 'flash', 'eager', got 'x'");
+        assert!(option_code("cp_comm", "ring").unwrap_err().to_string().contains("'a2a'"));
+        assert!(option_code("seq_len", "long").is_err());
+    }
+
+    #[test]
+    fn recompute_sets_of_modules_parse_in_any_order_and_name_themselves() {
+        let code = |name: &str| name.parse::<Recompute>().map(Recompute::code);
+        assert_eq!(code("full"), Ok(2.0));
+        assert_eq!(code("core_attn"), Ok(3.0));
+        assert_eq!(code("MLP+Core_Attn"), code("core_attn+mlp+mlp"));
+        assert_eq!(code("core_attn+mlp"), Ok(5.0));
+        for bad in ["mlp+", "+mlp", "mlp++moe", "mlp+full", "moe_acts", "mlp + moe", ""] {
+            let error = code(bad).unwrap_err().to_string();
+            assert!(error.contains("Megatron-Core modules"), "{bad}: {error}");
+        }
+        for code in 0..=(2 + Modules::ALL) {
+            let mode = Recompute::from_code(f64::from(code));
+            assert_eq!(mode.name().parse::<Recompute>(), Ok(mode), "{code}");
+            assert_eq!(mode.code(), f64::from(code));
+        }
+    }
+}
