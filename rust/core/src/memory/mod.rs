@@ -28,7 +28,7 @@ pub use layout::{
     ActivationModel, Invalid, Layout, Modules, Recompute, INVALID_REASONS, LAYOUT_FIELDS,
     MAX_RECOMPUTE_CODE, N_LAYOUT_FIELDS,
 };
-pub use options::{option_choices, option_code, Attention, Choice, Dtype, Loss, Optimizer};
+pub use options::{option_choices, option_code, option_codes, Attention, Choice, Dtype, Loss, Optimizer};
 pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, MoeDispatcher, NormType};
 pub use spec_fields::{Field, SPEC_FIELDS};

@@ -6,6 +6,8 @@
 
 use std::str::FromStr;
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::memory::activations::CpComm;
 use crate::memory::layout::{ActivationModel, Modules, Recompute};
@@ -311,6 +313,44 @@ pub fn option_choices(option: &str) -> Result<Vec<(&'static str, f64)>> {
     })
 }
 
+/// Strings parsed per parallel task.
+const CHUNK: usize = 4096;
+
+/// Distinct strings a task remembers the value of: a column holds a handful of names.
+const REMEMBERED: usize = 16;
+
+/// [`option_code`] of every string of a column of fixed-width strings as numpy stores
+/// them (`rows`: `width` UTF-32 code points per string, padded with zeros), NaN for a
+/// string that names nothing (an invalid cell of a grid). Each distinct string is parsed
+/// once per task.
+pub fn option_codes(option: &str, rows: &[u32], width: usize) -> Result<Vec<f64>> {
+    option_choices(option)?;
+    if width == 0 {
+        return Err(Error::invalid("strings of width 0"));
+    }
+    let parse = |row: &[u32]| {
+        let end = row.iter().rposition(|&c| c != 0).map_or(0, |last| last + 1);
+        let name: Option<String> = row[..end].iter().map(|&c| char::from_u32(c)).collect();
+        name.and_then(|name| option_code(option, &name).ok()).unwrap_or(f64::NAN)
+    };
+    Ok(rows
+        .par_chunks(width * CHUNK)
+        .flat_map_iter(|chunk| {
+            let mut seen: Vec<(&[u32], f64)> = Vec::with_capacity(REMEMBERED);
+            chunk.chunks_exact(width).map(move |row| {
+                if let Some(&(_, code)) = seen.iter().find(|(known, _)| *known == row) {
+                    return code;
+                }
+                let code = parse(row);
+                if seen.len() < REMEMBERED {
+                    seen.push((row, code));
+                }
+                code
+            })
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +366,23 @@ mod tests {
         assert_eq!(error, "attention must be one of 'flash', 'eager', got 'x'");
         assert!(option_code("cp_comm", "ring").unwrap_err().to_string().contains("'a2a'"));
         assert!(option_code("seq_len", "long").is_err());
+    }
+
+    #[test]
+    fn a_column_of_strings_gives_each_string_its_code() {
+        let rows: Vec<u32> = ["FULL", "none", "bogus", "core_attn+mlp"]
+            .iter()
+            .flat_map(|name| {
+                let mut row: Vec<u32> = name.chars().map(u32::from).collect();
+                row.resize(13, 0);
+                row
+            })
+            .collect();
+        let codes = option_codes("recompute", &rows, 13).unwrap();
+        assert_eq!(codes[..2], [2.0, 0.0]);
+        assert!(codes[2].is_nan());
+        assert_eq!(codes[3], 5.0);
+        assert!(option_codes("dp", &rows, 13).is_err());
     }
 
     #[test]
