@@ -10,7 +10,9 @@ use rayon::prelude::*;
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
 use crate::memory::checks::field_rule;
-use crate::memory::estimate::{estimate, estimate_stages, Breakdown, Estimator, Prepared, N_OUTPUT_FIELDS};
+use crate::memory::estimate::{
+    estimate, estimate_stages, Breakdown, Estimator, Prepared, N_OUTPUT_FIELDS,
+};
 use crate::memory::layout::{Invalid, Layout, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
 use crate::memory::spec::ModelSpec;
 
@@ -156,26 +158,30 @@ pub fn estimate_grid(
         return Ok(table);
     }
     let prepared = Prepared::new(spec);
-    for_each_block(&prepared, &mut table, |estimator, first, columns, reasons| {
-        let mut cursor = Cursor::new(shape, inputs, first);
-        for (i, reason) in reasons.iter_mut().enumerate() {
-            let estimate = match cursor.bad_fields {
-                0 => estimator.estimate_checked_fields(&cursor.layout),
-                bad => Err(field_rule(bad.trailing_zeros() as usize).1),
-            };
-            let row = match estimate {
-                Ok(breakdown) => breakdown.to_values(),
-                Err(invalid) => {
-                    *reason = invalid.code();
-                    [f64::NAN; N_OUTPUT_FIELDS]
+    for_each_block(
+        &prepared,
+        &mut table,
+        |estimator, first, columns, reasons| {
+            let mut cursor = Cursor::new(shape, inputs, first);
+            for (i, reason) in reasons.iter_mut().enumerate() {
+                let estimate = match cursor.bad_fields {
+                    0 => estimator.estimate_checked_fields(&cursor.layout),
+                    bad => Err(field_rule(bad.trailing_zeros() as usize).1),
+                };
+                let row = match estimate {
+                    Ok(breakdown) => breakdown.to_values(),
+                    Err(invalid) => {
+                        *reason = invalid.code();
+                        [f64::NAN; N_OUTPUT_FIELDS]
+                    }
+                };
+                for (column, value) in columns.iter_mut().zip(row) {
+                    column[i] = value;
                 }
-            };
-            for (column, value) in columns.iter_mut().zip(row) {
-                column[i] = value;
+                cursor.advance();
             }
-            cursor.advance();
-        }
-    });
+        },
+    );
     Ok(table)
 }
 
@@ -231,8 +237,13 @@ impl<'s, 'a> Cursor<'s, 'a> {
     fn new(shape: &'s [usize], inputs: &'s [GridInput<'a>], cell: usize) -> Self {
         let moving = (0..shape.len())
             .map(|d| {
-                let along = inputs.iter().enumerate().filter(|(_, input)| input.strides[d] != 0);
-                along.map(|(field, input)| (field, input.strides[d])).collect()
+                let along = inputs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, input)| input.strides[d] != 0);
+                along
+                    .map(|(field, input)| (field, input.strides[d]))
+                    .collect()
             })
             .collect();
         let mut index = vec![0; shape.len()];
@@ -251,7 +262,12 @@ impl<'s, 'a> Cursor<'s, 'a> {
             bad_fields: 0,
         };
         for (field, input) in inputs.iter().enumerate() {
-            cursor.offsets[field] = cursor.index.iter().zip(input.strides).map(|(i, s)| i * s).sum();
+            cursor.offsets[field] = cursor
+                .index
+                .iter()
+                .zip(input.strides)
+                .map(|(i, s)| i * s)
+                .sum();
             cursor.load(field);
         }
         cursor

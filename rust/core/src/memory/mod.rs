@@ -19,16 +19,20 @@ mod terms;
 
 pub use activations::CpComm;
 pub use checks::{check_field, validate};
-pub use estimate::{estimate, estimate_stages, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS};
+pub use estimate::{
+    estimate, estimate_stages, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS,
+};
 pub use grid::{
-    estimate_all_stages, estimate_grid, estimate_one, max_micro_batch_tokens, GridInput,
-    GridTable, Values,
+    estimate_all_stages, estimate_grid, estimate_one, max_micro_batch_tokens, GridInput, GridTable,
+    Values,
 };
 pub use layout::{
     ActivationModel, Invalid, Layout, Modules, Recompute, INVALID_REASONS, LAYOUT_FIELDS,
     MAX_RECOMPUTE_CODE, N_LAYOUT_FIELDS,
 };
-pub use options::{option_choices, option_code, option_codes, Attention, Choice, Dtype, Loss, Optimizer};
+pub use options::{
+    option_choices, option_code, option_codes, Attention, Choice, Dtype, Loss, Optimizer,
+};
 pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, MoeDispatcher, NormType};
 pub use spec_fields::{Field, SPEC_FIELDS};

@@ -31,7 +31,10 @@ pub trait Choice: Copy + Sized + 'static {
             .find(|(choice, _)| *choice == lower)
             .map(|&(_, value)| value)
             .ok_or_else(|| {
-                let listed: Vec<String> = Self::CHOICES.iter().map(|(n, _)| format!("'{n}'")).collect();
+                let listed: Vec<String> = Self::CHOICES
+                    .iter()
+                    .map(|(n, _)| format!("'{n}'"))
+                    .collect();
                 Error::invalid(format!(
                     "{option} must be one of {}, got '{name}'",
                     listed.join(", ")
@@ -227,22 +230,33 @@ impl FromStr for Recompute {
         let lower = name.to_lowercase();
         let code = match RECOMPUTE_MODES.iter().find(|(mode, _)| *mode == lower) {
             Some(&(_, code)) => Some(code),
-            None => lower.split(SEPARATOR).try_fold(0u8, |bits, part| {
-                let (_, bit) = RECOMPUTE_MODULES.iter().find(|(module, _)| *module == part)?;
-                Some(bits | bit)
-            }).map(|bits| 2 + bits),
+            None => lower
+                .split(SEPARATOR)
+                .try_fold(0u8, |bits, part| {
+                    let (_, bit) = RECOMPUTE_MODULES
+                        .iter()
+                        .find(|(module, _)| *module == part)?;
+                    Some(bits | bit)
+                })
+                .map(|bits| 2 + bits),
         };
-        code.map(|code| Recompute::from_code(f64::from(code))).ok_or_else(|| {
-            let modes: Vec<String> = RECOMPUTE_MODES.iter().map(|(n, _)| format!("'{n}'")).collect();
-            let modules: Vec<String> =
-                RECOMPUTE_MODULES.iter().map(|(n, _)| format!("'{n}'")).collect();
-            Error::invalid(format!(
-                "recompute must be one of {} or Megatron-Core modules ({}) joined with \
+        code.map(|code| Recompute::from_code(f64::from(code)))
+            .ok_or_else(|| {
+                let modes: Vec<String> = RECOMPUTE_MODES
+                    .iter()
+                    .map(|(n, _)| format!("'{n}'"))
+                    .collect();
+                let modules: Vec<String> = RECOMPUTE_MODULES
+                    .iter()
+                    .map(|(n, _)| format!("'{n}'"))
+                    .collect();
+                Error::invalid(format!(
+                    "recompute must be one of {} or Megatron-Core modules ({}) joined with \
                  '{SEPARATOR}', got '{name}'",
-                modes.join(", "),
-                modules.join(", ")
-            ))
-        })
+                    modes.join(", "),
+                    modules.join(", ")
+                ))
+            })
     }
 }
 
@@ -295,7 +309,10 @@ pub fn option_code(option: &str, name: &str) -> Result<f64> {
 /// `recompute`, its modes; its modules are [`RECOMPUTE_MODULES`]).
 pub fn option_choices(option: &str) -> Result<Vec<(&'static str, f64)>> {
     fn all<T: Choice>() -> Vec<(&'static str, f64)> {
-        T::CHOICES.iter().map(|&(name, value)| (name, value.code())).collect()
+        T::CHOICES
+            .iter()
+            .map(|&(name, value)| (name, value.code()))
+            .collect()
     }
     Ok(match option {
         "recompute" => RECOMPUTE_MODES
@@ -331,7 +348,8 @@ pub fn option_codes(option: &str, rows: &[u32], width: usize) -> Result<Vec<f64>
     let parse = |row: &[u32]| {
         let end = row.iter().rposition(|&c| c != 0).map_or(0, |last| last + 1);
         let name: Option<String> = row[..end].iter().map(|&c| char::from_u32(c)).collect();
-        name.and_then(|name| option_code(option, &name).ok()).unwrap_or(f64::NAN)
+        name.and_then(|name| option_code(option, &name).ok())
+            .unwrap_or(f64::NAN)
     };
     Ok(rows
         .par_chunks(width * CHUNK)
@@ -358,13 +376,19 @@ mod tests {
     #[test]
     fn names_parse_in_any_case_and_errors_list_the_choices() {
         assert_eq!(option_code("attention", "EAGER"), Ok(1.0));
-        assert_eq!(option_code("activation_model", "\u{212a}orthikanti"), Ok(1.0));
+        assert_eq!(
+            option_code("activation_model", "\u{212a}orthikanti"),
+            Ok(1.0)
+        );
         assert!(option_code("activation_model", "korthikant\u{130}").is_err());
         assert_eq!(option_code("param_dtype", "BFloat16"), Ok(2.0));
         assert_eq!(option_code("optimizer", "sgd_no_momentum"), Ok(0.0));
         let error = option_code("attention", "x").unwrap_err().to_string();
         assert_eq!(error, "attention must be one of 'flash', 'eager', got 'x'");
-        assert!(option_code("cp_comm", "ring").unwrap_err().to_string().contains("'a2a'"));
+        assert!(option_code("cp_comm", "ring")
+            .unwrap_err()
+            .to_string()
+            .contains("'a2a'"));
         assert!(option_code("seq_len", "long").is_err());
     }
 
@@ -392,7 +416,15 @@ mod tests {
         assert_eq!(code("core_attn"), Ok(3.0));
         assert_eq!(code("MLP+Core_Attn"), code("core_attn+mlp+mlp"));
         assert_eq!(code("core_attn+mlp"), Ok(5.0));
-        for bad in ["mlp+", "+mlp", "mlp++moe", "mlp+full", "moe_acts", "mlp + moe", ""] {
+        for bad in [
+            "mlp+",
+            "+mlp",
+            "mlp++moe",
+            "mlp+full",
+            "moe_acts",
+            "mlp + moe",
+            "",
+        ] {
             let error = code(bad).unwrap_err().to_string();
             assert!(error.contains("Megatron-Core modules"), "{bad}: {error}");
         }

@@ -79,7 +79,12 @@ impl<'a> Config<'a> {
     /// Inlined: a grid builds one for every cell, and a `Config` returned through memory
     /// stalled when its fields were read back in pairs over their fresh stores.
     #[inline(always)]
-    pub(crate) fn new(prep: &'a Prepared, l: &'a Layout, terms: &'a Terms, stages: StageLayers) -> Self {
+    pub(crate) fn new(
+        prep: &'a Prepared,
+        l: &'a Layout,
+        terms: &'a Terms,
+        stages: StageLayers,
+    ) -> Self {
         let spec = &prep.spec;
         let tokens = l.micro_batch * cp_rank_tokens(l.seq_len, l.cp);
         let korthikanti = terms.korthikanti;

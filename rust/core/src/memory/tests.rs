@@ -1397,7 +1397,6 @@ fn set_writes_the_field_named_by_its_index() {
     assert_eq!(layout, Layout::default());
 }
 
-
 /// Values each layout field takes in the tests that vary every field, the default first:
 /// mostly valid, some that do not fit every model (cp 3 pads, pp 4 with explicit first and
 /// last stages may not split).
@@ -1562,7 +1561,6 @@ proptest! {
     }
 
 }
-
 
 /// The grid's cells (a list, then the same cells as a two-dimensional broadcast) and the
 /// stages of each cell's single estimate, checked against its single estimate.
@@ -1825,7 +1823,6 @@ fn pipeline_splits_of_absurd_sizes_are_none_not_an_overflow() {
     }
     assert!(StageLayers::new(32, 4, 1, PipelineSplit::Even, 0, 0).is_some());
 }
-
 
 #[test]
 fn experts_divide_huge_data_parallel_groups_exactly() {
