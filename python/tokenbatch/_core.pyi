@@ -507,7 +507,6 @@ def memory_pipeline_layers(
 def memory_layer_params(
     spec: ModelSpec,
 ) -> tuple[list[float], list[float], list[float], float, float]: ...
-
 def memory_grid(
     spec: ModelSpec,
     shape: list[int],
