@@ -55,17 +55,8 @@ _RECOMPUTE = RecomputeNames()
 #: Rules for splitting layers over pipeline stages (see :func:`estimate_memory`).
 PIPELINE_SPLITS = {name: int(code) for name, code in _core.memory_option_choices("pipeline_split")}
 
-_ACT_PARTS = (
-    "attention",
-    "mlp",
-    "norm",
-    "embedding",
-    "logits",
-    "checkpoints",
-    "working",
-    "comm",
-    "mtp",
-)
+#: The activation parts, each with its output column (in ``OUTPUT_FIELDS`` order).
+_ACT_PARTS = [(name[len("act_") :], name) for name in OUTPUT_FIELDS if name.startswith("act_")]
 
 
 def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryEstimate:
@@ -161,7 +152,7 @@ def _estimate_from_row(
     values = dict(zip(OUTPUT_FIELDS, row, strict=True))
     return MemoryEstimate(
         spec=spec,
-        options={**DEFAULTS, "seq_len": seq_len, **options},
+        options=DEFAULTS | {"seq_len": seq_len} | dict(options),
         inputs=dict(zip(LAYOUT_FIELDS, fields, strict=True)),
         params=int(values["params"]),
         grads=int(values["grads"]),
@@ -169,7 +160,7 @@ def _estimate_from_row(
         activations=int(values["activations"]),
         overhead=math.ceil(values["overhead"]),
         total=math.ceil(values["total"]),
-        activation_parts={k: math.ceil(values[f"act_{k}"]) for k in _ACT_PARTS},
+        activation_parts={part: math.ceil(values[name]) for part, name in _ACT_PARTS},
         stage=int(values["stage"]),
         layers=int(values["layers"]),
         cpu_optimizer=int(values["cpu_optimizer"]),

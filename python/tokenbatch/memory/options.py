@@ -145,9 +145,15 @@ def _names(option: str, array: npt.NDArray[Any]) -> _F64:
 
 def _scalar(name: str, value: Any) -> float:
     """One configuration's value of option ``name``."""
+    if type(value) is float:  # the common case first: a single estimate is called in loops
+        return value
     if name in _NAMED and isinstance(value, (str, bytes)):
-        return _code(name, value)
+        return _code(name, value) if value != DEFAULTS.get(name) else _DEFAULT_CODES[name]
     return _number(name, value)
+
+
+#: The codes of the default names, parsed once.
+_DEFAULT_CODES = {name: _code(name, DEFAULTS[name]) for name in _NAMED if DEFAULTS[name]}
 
 
 def _grid_value(name: str, value: Any) -> Field:
@@ -224,9 +230,24 @@ def layout_fields(options: Mapping[str, Any], value: Callable[[str, Any], Field]
 def scalar_fields(options: Mapping[str, Any]) -> list[float]:
     """The layout fields of one configuration's options, as floats."""
     for name, value in options.items():
-        if np.ndim(value) != 0:
+        if isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) != 0:
             raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
+    if "seq_len" in options and options.keys() <= _OWN_FIELD.keys():
+        # Only options that are a field of their own: the defaults' fields with those set.
+        fields = _DEFAULT_FIELDS.copy()
+        for name, value in options.items():
+            unset = value is None and name in _OPTIONAL
+            fields[_OWN_FIELD[name]] = 0.0 if unset else _scalar(name, value)
+        return fields
     return [float(x) for x in layout_fields(options, _scalar)]
+
+
+#: The fields of the default options (``seq_len`` 1).
+_DEFAULT_FIELDS = [float(x) for x in layout_fields({"seq_len": 1}, _scalar)]
+#: The options that are a layout field of their own, with its index.
+_OWN_FIELD = {name: i for i, name in enumerate(LAYOUT_FIELDS) if name in DEFAULTS or i == 0}
+#: The options whose None means "not set" (0 for the core).
+_OPTIONAL = {name for name, value in DEFAULTS.items() if value is None}
 
 
 def grid_fields(options: Mapping[str, Any]) -> list[npt.NDArray[Any]]:
