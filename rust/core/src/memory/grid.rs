@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
-use crate::memory::checks::field_rule;
+use crate::memory::checks::{field_rule, FieldRule};
 use crate::memory::estimate::{
     estimate, estimate_stages, Breakdown, Estimator, Prepared, N_OUTPUT_FIELDS,
 };
@@ -227,6 +227,7 @@ struct Cursor<'s, 'a> {
     /// Per axis, the (field, stride) of each input that moves along it.
     moving: Vec<Vec<(usize, usize)>>,
     offsets: [usize; N_LAYOUT_FIELDS],
+    rules: [FieldRule; N_LAYOUT_FIELDS],
     layout: Layout,
     /// Bit `f` is set while field `f`'s value fails its own check.
     bad_fields: u32,
@@ -258,6 +259,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
             index,
             moving,
             offsets: [0; N_LAYOUT_FIELDS],
+            rules: std::array::from_fn(|field| field_rule(field).0),
             layout: Layout::default(),
             bad_fields: 0,
         };
@@ -274,6 +276,7 @@ impl<'s, 'a> Cursor<'s, 'a> {
     }
 
     /// Move to the next cell (last axis fastest).
+    #[inline(always)]
     fn advance(&mut self) {
         for d in (0..self.shape.len()).rev() {
             self.index[d] += 1;
@@ -298,11 +301,12 @@ impl<'s, 'a> Cursor<'s, 'a> {
     }
 
     /// Read field `field`'s value at its current offset, and check it.
+    #[inline(always)]
     fn load(&mut self, field: usize) {
         let value = self.inputs[field].data.get(self.offsets[field]);
         self.layout.set(field, value);
         let bit = 1u32 << field;
-        if field_rule(field).0.accepts(value) {
+        if self.rules[field].accepts(value) {
             self.bad_fields &= !bit;
         } else {
             self.bad_fields |= bit;

@@ -351,22 +351,31 @@ pub fn option_codes(option: &str, rows: &[u32], width: usize) -> Result<Vec<f64>
         name.and_then(|name| option_code(option, &name).ok())
             .unwrap_or(f64::NAN)
     };
-    Ok(rows
-        .par_chunks(width * CHUNK)
-        .flat_map_iter(|chunk| {
+    let mut codes = vec![f64::NAN; rows.len() / width];
+    codes
+        .par_chunks_mut(CHUNK)
+        .zip(rows.par_chunks(width * CHUNK))
+        .for_each(|(codes, rows)| {
             let mut seen: Vec<(&[u32], f64)> = Vec::with_capacity(REMEMBERED);
-            chunk.chunks_exact(width).map(move |row| {
-                if let Some(&(_, code)) = seen.iter().find(|(known, _)| *known == row) {
-                    return code;
-                }
-                let code = parse(row);
-                if seen.len() < REMEMBERED {
-                    seen.push((row, code));
-                }
-                code
-            })
-        })
-        .collect())
+            for (code, row) in codes.iter_mut().zip(rows.chunks_exact(width)) {
+                // Compared code point by code point: the rows are short, and a `memcmp`
+                // call per comparison cost more than the comparison.
+                let known = seen
+                    .iter()
+                    .find(|(known, _)| known.iter().zip(row).all(|(a, b)| a == b));
+                *code = match known {
+                    Some(&(_, known)) => known,
+                    None => {
+                        let parsed = parse(row);
+                        if seen.len() < REMEMBERED {
+                            seen.push((row, parsed));
+                        }
+                        parsed
+                    }
+                };
+            }
+        });
+    Ok(codes)
 }
 
 #[cfg(test)]
