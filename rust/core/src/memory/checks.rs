@@ -1,7 +1,7 @@
 //! The checks of a configuration: each layout field's own rule, then how the layout
 //! fits the model (tensor, pipeline and expert parallelism dividing what they split).
 
-use crate::memory::layout::{Invalid, Layout, MAX_RECOMPUTE_CODE};
+use crate::memory::layout::{Invalid, Layout, FIELD_RULES, MAX_RECOMPUTE_CODE};
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::ModelSpec;
 
@@ -97,43 +97,18 @@ impl FieldRule {
 }
 
 /// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))
-/// follows, and the reason reported when a value breaks it.
+/// follows, and the reason reported when a value breaks it (byte sizes for an index past
+/// the fields).
 pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
-    use FieldRule as R;
-    match field {
-        0 => (R::PositiveInteger, Invalid::SeqLen),
-        1 => (R::PositiveInteger, Invalid::MicroBatch),
-        2 => (R::PositiveInteger, Invalid::Dp),
-        3 => (R::PositiveInteger, Invalid::Tp),
-        4 => (R::PositiveInteger, Invalid::Pp),
-        5 => (R::PositiveInteger, Invalid::Cp),
-        6 => (R::PositiveInteger, Invalid::Ep),
-        7 => (R::PositiveInteger, Invalid::Vpp),
-        8 => (R::FourWay, Invalid::Zero),
-        9 => (R::Flag, Invalid::SequenceParallel),
-        10 => (R::RecomputeCode, Invalid::Recompute),
-        11 => (R::Count, Invalid::GradAccumSteps),
-        19 => (R::Flag, Invalid::ActivationModel),
-        20 => (R::Flag, Invalid::Attention),
-        21 => (R::Flag, Invalid::FusedSwiglu),
-        23 => (R::Count, Invalid::FirstStageLayers),
-        24 => (R::Count, Invalid::LastStageLayers),
-        25 => (R::PipelineSplit, Invalid::PipelineSplit),
-        26 => (R::NonNegative, Invalid::MoeCapacityFactor),
-        27 => (R::ThreeWay, Invalid::CpComm),
-        28 => (R::Flag, Invalid::Loss),
-        29 => (R::Flag, Invalid::Fp8),
-        30 => (R::Fraction, Invalid::OptimizerOffload),
-        // 12..=18 and 22: byte counts.
-        _ => (R::NonNegative, Invalid::Bytes),
-    }
+    FIELD_RULES
+        .get(field)
+        .copied()
+        .unwrap_or((FieldRule::NonNegative, Invalid::Bytes))
 }
 
 /// Check the value of field `field` (an index into
 /// [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS)) on its own.
 ///
-/// A grid checks each distinct value of an input once with this, rather than every field
-/// of every cell.
 pub fn check_field(field: usize, x: f64) -> Result<(), Invalid> {
     let (rule, reason) = field_rule(field);
     if rule.accepts(x) {

@@ -15,42 +15,54 @@ use crate::memory::pipeline::PipelineSplit;
 
 /// An option whose values are names: the names it accepts and the number each stands for
 /// in its layout field (a code, or bytes for a dtype).
-pub trait Choice: Copy + Sized + 'static {
-    /// The names, with their values (several names may share one).
-    const CHOICES: &'static [(&'static str, Self)];
+pub trait Choice: Copy + PartialEq + Sized + 'static {
+    /// The option, as the error names it.
+    const OPTION: &'static str;
+    /// The names, with their choice and its value (several names may share one).
+    const CHOICES: &'static [(&'static str, Self, f64)];
 
     /// The value the layout field holds.
-    fn code(self) -> f64;
+    fn code(self) -> f64 {
+        let found = Self::CHOICES.iter().find(|(_, choice, _)| *choice == self);
+        found.map_or(f64::NAN, |&(_, _, code)| code)
+    }
 
-    /// The choice `name` names, in any case; `option` names the option in the error,
-    /// which lists the choices.
-    fn parse(option: &str, name: &str) -> Result<Self> {
+    /// The choice `name` names, in any case; the error lists the choices.
+    fn parse(name: &str) -> Result<Self> {
+        Self::parse_as(Self::OPTION, name)
+    }
+
+    /// [`Choice::parse`], naming option `option` in the error (options that share choices).
+    fn parse_as(option: &str, name: &str) -> Result<Self> {
         let lower = name.to_lowercase();
-        Self::CHOICES
-            .iter()
-            .find(|(choice, _)| *choice == lower)
-            .map(|&(_, value)| value)
-            .ok_or_else(|| {
-                let listed: Vec<String> = Self::CHOICES
-                    .iter()
-                    .map(|(n, _)| format!("'{n}'"))
-                    .collect();
-                Error::invalid(format!(
-                    "{option} must be one of {}, got '{name}'",
-                    listed.join(", ")
-                ))
-            })
+        let found = Self::CHOICES.iter().find(|(choice, ..)| *choice == lower);
+        found.map(|&(_, choice, _)| choice).ok_or_else(|| {
+            let listed: Vec<String> = Self::CHOICES
+                .iter()
+                .map(|(n, ..)| format!("'{n}'"))
+                .collect();
+            Error::invalid(format!(
+                "{option} must be one of {}, got '{name}'",
+                listed.join(", ")
+            ))
+        })
     }
 }
 
-/// Implements [`FromStr`] for a [`Choice`], naming `$option` in its error.
-macro_rules! from_str {
-    ($type:ty, $option:literal) => {
+/// Implements [`Choice`] and [`FromStr`] for an enum: its option's name, then each name
+/// with the variant it stands for and the value its layout field holds.
+macro_rules! choice {
+    ($type:ident, $option:literal: $($name:literal => $variant:ident = $code:literal,)*) => {
+        impl Choice for $type {
+            const OPTION: &'static str = $option;
+            const CHOICES: &'static [(&'static str, Self, f64)] = &[$(($name, $type::$variant, $code)),*];
+        }
+
         impl FromStr for $type {
             type Err = Error;
 
             fn from_str(name: &str) -> Result<Self> {
-                <$type as Choice>::parse($option, name)
+                <$type as Choice>::parse(name)
             }
         }
     };
@@ -65,16 +77,6 @@ pub enum Attention {
     Eager,
 }
 
-impl Choice for Attention {
-    const CHOICES: &'static [(&'static str, Self)] =
-        &[("flash", Attention::Flash), ("eager", Attention::Eager)];
-
-    fn code(self) -> f64 {
-        f64::from(u8::from(self == Attention::Eager))
-    }
-}
-from_str!(Attention, "attention");
-
 /// What the loss keeps of the logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Loss {
@@ -84,67 +86,7 @@ pub enum Loss {
     Fused,
 }
 
-impl Choice for Loss {
-    const CHOICES: &'static [(&'static str, Self)] =
-        &[("standard", Loss::Standard), ("fused", Loss::Fused)];
-
-    fn code(self) -> f64 {
-        f64::from(u8::from(self == Loss::Fused))
-    }
-}
-from_str!(Loss, "loss");
-
-impl Choice for CpComm {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("p2p", CpComm::P2p),
-        ("all_gather", CpComm::AllGather),
-        ("a2a", CpComm::A2a),
-    ];
-
-    fn code(self) -> f64 {
-        match self {
-            CpComm::P2p => 0.0,
-            CpComm::AllGather => 1.0,
-            CpComm::A2a => 2.0,
-        }
-    }
-}
-from_str!(CpComm, "cp_comm");
-
-impl Choice for ActivationModel {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("modern", ActivationModel::Modern),
-        ("korthikanti", ActivationModel::Korthikanti),
-    ];
-
-    fn code(self) -> f64 {
-        f64::from(u8::from(self == ActivationModel::Korthikanti))
-    }
-}
-from_str!(ActivationModel, "activation_model");
-
-impl Choice for PipelineSplit {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("even", PipelineSplit::Even),
-        ("auto", PipelineSplit::Auto),
-        ("embedding", PipelineSplit::Embedding),
-        ("loss", PipelineSplit::Loss),
-        ("embedding_and_loss", PipelineSplit::EmbeddingAndLoss),
-    ];
-
-    fn code(self) -> f64 {
-        match self {
-            PipelineSplit::Even => 0.0,
-            PipelineSplit::Auto => 1.0,
-            PipelineSplit::Embedding => 2.0,
-            PipelineSplit::Loss => 3.0,
-            PipelineSplit::EmbeddingAndLoss => 4.0,
-        }
-    }
-}
-from_str!(PipelineSplit, "pipeline_split");
-
-/// A floating-point format, by its bytes per element.
+/// A floating-point format (its value: bytes per element).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     Fp32,
@@ -153,28 +95,7 @@ pub enum Dtype {
     Fp8,
 }
 
-impl Choice for Dtype {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("fp32", Dtype::Fp32),
-        ("float32", Dtype::Fp32),
-        ("tf32", Dtype::Fp32),
-        ("bf16", Dtype::Bf16),
-        ("bfloat16", Dtype::Bf16),
-        ("fp16", Dtype::Fp16),
-        ("float16", Dtype::Fp16),
-        ("fp8", Dtype::Fp8),
-    ];
-
-    fn code(self) -> f64 {
-        match self {
-            Dtype::Fp32 => 4.0,
-            Dtype::Bf16 | Dtype::Fp16 => 2.0,
-            Dtype::Fp8 => 1.0,
-        }
-    }
-}
-
-/// An optimizer, by the states it keeps per parameter.
+/// An optimizer (its value: the states it keeps per parameter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Optimizer {
     /// AdamW (or Adam): two moments.
@@ -185,25 +106,38 @@ pub enum Optimizer {
     Stateless,
 }
 
-impl Choice for Optimizer {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("adamw", Optimizer::Adam),
-        ("adam", Optimizer::Adam),
-        ("lion", Optimizer::Momentum),
-        ("muon", Optimizer::Momentum),
-        ("sgd", Optimizer::Momentum),
-        ("sgd_no_momentum", Optimizer::Stateless),
-    ];
-
-    fn code(self) -> f64 {
-        match self {
-            Optimizer::Adam => 2.0,
-            Optimizer::Momentum => 1.0,
-            Optimizer::Stateless => 0.0,
-        }
-    }
-}
-from_str!(Optimizer, "optimizer");
+choice!(Attention, "attention": "flash" => Flash = 0.0, "eager" => Eager = 1.0,);
+choice!(Loss, "loss": "standard" => Standard = 0.0, "fused" => Fused = 1.0,);
+choice!(CpComm, "cp_comm": "p2p" => P2p = 0.0, "all_gather" => AllGather = 1.0, "a2a" => A2a = 2.0,);
+choice!(ActivationModel, "activation_model":
+    "modern" => Modern = 0.0,
+    "korthikanti" => Korthikanti = 1.0,
+);
+choice!(PipelineSplit, "pipeline_split":
+    "even" => Even = 0.0,
+    "auto" => Auto = 1.0,
+    "embedding" => Embedding = 2.0,
+    "loss" => Loss = 3.0,
+    "embedding_and_loss" => EmbeddingAndLoss = 4.0,
+);
+choice!(Dtype, "dtype":
+    "fp32" => Fp32 = 4.0,
+    "float32" => Fp32 = 4.0,
+    "tf32" => Fp32 = 4.0,
+    "bf16" => Bf16 = 2.0,
+    "bfloat16" => Bf16 = 2.0,
+    "fp16" => Fp16 = 2.0,
+    "float16" => Fp16 = 2.0,
+    "fp8" => Fp8 = 1.0,
+);
+choice!(Optimizer, "optimizer":
+    "adamw" => Adam = 2.0,
+    "adam" => Adam = 2.0,
+    "lion" => Momentum = 1.0,
+    "muon" => Momentum = 1.0,
+    "sgd" => Momentum = 1.0,
+    "sgd_no_momentum" => Stateless = 0.0,
+);
 
 /// The plain `recompute` modes and their codes.
 pub const RECOMPUTE_MODES: [(&str, u8); 3] = [("none", 0), ("selective", 1), ("full", 2)];
@@ -294,13 +228,13 @@ impl Recompute {
 pub fn option_code(option: &str, name: &str) -> Result<f64> {
     Ok(match option {
         "recompute" => name.parse::<Recompute>()?.code(),
-        "attention" => Attention::parse(option, name)?.code(),
-        "loss" => Loss::parse(option, name)?.code(),
-        "cp_comm" => CpComm::parse(option, name)?.code(),
-        "activation_model" => ActivationModel::parse(option, name)?.code(),
-        "pipeline_split" => PipelineSplit::parse(option, name)?.code(),
-        "optimizer" => Optimizer::parse(option, name)?.code(),
-        _ if option.ends_with("_dtype") => Dtype::parse(option, name)?.code(),
+        "attention" => Attention::parse(name)?.code(),
+        "loss" => Loss::parse(name)?.code(),
+        "cp_comm" => CpComm::parse(name)?.code(),
+        "activation_model" => ActivationModel::parse(name)?.code(),
+        "pipeline_split" => PipelineSplit::parse(name)?.code(),
+        "optimizer" => Optimizer::parse(name)?.code(),
+        _ if option.ends_with("_dtype") => Dtype::parse_as(option, name)?.code(),
         _ => return Err(Error::invalid(format!("{option} takes no names"))),
     })
 }
@@ -311,7 +245,7 @@ pub fn option_choices(option: &str) -> Result<Vec<(&'static str, f64)>> {
     fn all<T: Choice>() -> Vec<(&'static str, f64)> {
         T::CHOICES
             .iter()
-            .map(|&(name, value)| (name, value.code()))
+            .map(|&(name, _, code)| (name, code))
             .collect()
     }
     Ok(match option {
