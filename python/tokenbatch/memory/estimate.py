@@ -17,7 +17,6 @@ import numpy.typing as npt
 from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
-from tokenbatch.memory.explain import GIB as GIB
 from tokenbatch.memory.options import (
     DEFAULTS,
     DTYPE_BYTES,
@@ -33,6 +32,7 @@ from tokenbatch.memory.options import (
     scalar_inputs as scalar_inputs,
 )
 from tokenbatch.memory.recompute import RecomputeNames
+from tokenbatch.memory.results import GIB as GIB
 from tokenbatch.memory.results import MemoryEstimate, MemoryGrid
 from tokenbatch.memory.spec import ModelSpec
 

@@ -12,7 +12,7 @@ pub(crate) const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
 /// below 2^52, adding and removing 2^52 rounds `x` to an integer (it changes only a
 /// fractional `x`); from 2^52 on every double is whole. NaN fails every comparison.
 #[inline(always)]
-fn is_whole_in(x: f64, low: f64, high: f64) -> bool {
+pub(crate) fn is_whole_in(x: f64, low: f64, high: f64) -> bool {
     let whole = (x >= TWO_POW_52) | ((x + TWO_POW_52) - TWO_POW_52 == x);
     (x >= low) & (x <= high) & whole
 }
@@ -78,6 +78,19 @@ impl FieldRule {
             FieldRule::NonNegative | FieldRule::Fraction => (low..=high).contains(&x),
             _ => is_whole_in(x, low, high),
         }
+    }
+
+    /// [`FieldRule::accepts`] as numbers: the least and the largest value, and whether the
+    /// value must be whole. A grid checks each value it reads against these, without a
+    /// branch on the rule.
+    #[inline]
+    pub(crate) fn bounds(self) -> (f64, f64, bool) {
+        let (low, high) = self.range();
+        (
+            low,
+            high,
+            !matches!(self, FieldRule::NonNegative | FieldRule::Fraction),
+        )
     }
 
     /// The least and the largest value the rule accepts: for whole numbers (an integer

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
-use crate::memory::checks::{field_rule, FieldRule};
+use crate::memory::checks::{field_rule, is_whole_in};
 use crate::memory::estimate::{
     estimate, estimate_stages, Breakdown, Estimator, Prepared, N_OUTPUT_FIELDS,
 };
@@ -165,7 +165,7 @@ pub fn estimate_grid(
             let mut cursor = Cursor::new(shape, inputs, first);
             for (i, reason) in reasons.iter_mut().enumerate() {
                 let estimate = match cursor.bad_fields {
-                    0 => estimator.estimate_checked_fields(&cursor.layout),
+                    0 => estimator.estimate_checked_fields(&Layout::from_values(&cursor.values)),
                     bad => Err(field_rule(bad.trailing_zeros() as usize).1),
                 };
                 let row = match estimate {
@@ -216,7 +216,7 @@ where
 // `Cursor::bad_fields` has a bit per layout field.
 const _: () = assert!(N_LAYOUT_FIELDS <= 32);
 
-/// Walks the cells of a grid in order, keeping each input's offset, the cell's layout and
+/// Walks the cells of a grid in order, keeping each input's offset, the cell's fields and
 /// which of its fields fail their own check up to date. A step reads only the inputs that
 /// move along the axes it moves (per axis, the inputs with a non-zero stride), so the
 /// scalars of a sweep are read and checked once.
@@ -227,8 +227,11 @@ struct Cursor<'s, 'a> {
     /// Per axis, the (field, stride) of each input that moves along it.
     moving: Vec<Vec<(usize, usize)>>,
     offsets: [usize; N_LAYOUT_FIELDS],
-    rules: [FieldRule; N_LAYOUT_FIELDS],
-    layout: Layout,
+    /// Each field's [`FieldRule::bounds`].
+    bounds: [(f64, f64, bool); N_LAYOUT_FIELDS],
+    /// The cell's fields, in [`LAYOUT_FIELDS`] order: written by index, without a branch
+    /// on the field.
+    values: [f64; N_LAYOUT_FIELDS],
     /// Bit `f` is set while field `f`'s value fails its own check.
     bad_fields: u32,
 }
@@ -259,8 +262,8 @@ impl<'s, 'a> Cursor<'s, 'a> {
             index,
             moving,
             offsets: [0; N_LAYOUT_FIELDS],
-            rules: std::array::from_fn(|field| field_rule(field).0),
-            layout: Layout::default(),
+            bounds: std::array::from_fn(|field| field_rule(field).0.bounds()),
+            values: [0.0; N_LAYOUT_FIELDS],
             bad_fields: 0,
         };
         for (field, input) in inputs.iter().enumerate() {
@@ -304,9 +307,15 @@ impl<'s, 'a> Cursor<'s, 'a> {
     #[inline(always)]
     fn load(&mut self, field: usize) {
         let value = self.inputs[field].data.get(self.offsets[field]);
-        self.layout.set(field, value);
+        self.values[field] = value;
         let bit = 1u32 << field;
-        if self.rules[field].accepts(value) {
+        let (low, high, whole) = self.bounds[field];
+        let fine = if whole {
+            is_whole_in(value, low, high)
+        } else {
+            (low..=high).contains(&value)
+        };
+        if fine {
             self.bad_fields &= !bit;
         } else {
             self.bad_fields |= bit;

@@ -141,6 +141,12 @@ macro_rules! layout {
             pub fn to_values(&self) -> [f64; N_LAYOUT_FIELDS] {
                 [$(self.$name),*]
             }
+
+            /// Build a layout from values in [`LAYOUT_FIELDS`] order.
+            #[inline]
+            pub fn from_values(v: &[f64; N_LAYOUT_FIELDS]) -> Self {
+                Layout { $($name: v[$index],)* }
+            }
         }
     };
 }
@@ -201,15 +207,6 @@ layout! {
 }
 
 impl Layout {
-    /// Build a layout from values in [`LAYOUT_FIELDS`] order.
-    pub fn from_values(v: &[f64; N_LAYOUT_FIELDS]) -> Self {
-        let mut layout = Layout::default();
-        for (field, &value) in v.iter().enumerate() {
-            layout.set(field, value);
-        }
-        layout
-    }
-
     pub fn recompute_mode(&self) -> Recompute {
         Recompute::from_code(self.recompute)
     }
