@@ -30,7 +30,7 @@ from tokenbatch import (
 )
 from tokenbatch.cli import main
 from tokenbatch.memory import RECOMPUTE_MODES, RECOMPUTE_MODULES, estimate_memory_stages
-from tokenbatch.memory.recompute import RecomputeNames, recompute_name
+from tokenbatch.memory.recompute import recompute_name
 
 GIB = 1024**3
 LLAMA_8B = ModelSpec.preset("llama-3.1-8b")
@@ -298,22 +298,19 @@ _PIECES = [*RECOMPUTE_MODULES, *RECOMPUTE_MODES, "MLP", "Moe_Act", "", " mlp", "
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=4))
-def test_recompute_sets_match_in_the_core_as_in_python(pieces: list[str]) -> None:
-    # A string column is matched in Rust, a scalar in Python: the same code (or the same
-    # refusal) for any pieces joined with "+", in any case, with unknown and empty ones.
+def test_recompute_sets_match_in_a_column_as_alone(pieces: list[str]) -> None:
+    # A string column is parsed string by string in the core, a scalar alone: the same
+    # estimate (or the same refusal) for any pieces joined with "+", in any case, with
+    # unknown and empty ones.
     name = "+".join(pieces)
-    column = np.array([name, "none"])
-    rows = column.reshape(-1).view(np.uint32).reshape(column.size, -1)
-    table = RecomputeNames()
-    in_core = tokenbatch._core.memory_name_codes(
-        rows, list(table), [float(code) for code in table.values()], table.sets
-    )
-    in_python = table.get(name.lower())
-    if in_python is None:
-        assert math.isnan(in_core[0]), name
+    grid = estimate_memory_grid(MIXTRAL, seq_len=4096, recompute=np.array([name, "none"]))
+    try:
+        alone = estimate_memory(MIXTRAL, seq_len=4096, recompute=name)
+    except InvalidValueError:
+        assert not grid.valid[0], name
     else:
-        assert in_core[0] == in_python, name
-    assert in_core[1] == 0.0
+        assert grid.total[0] == alone.total, name
+    assert grid.valid[1]
 
 
 def test_named_options_in_grids_match_as_python_lowercases_them() -> None:
@@ -408,7 +405,7 @@ def test_long_columns_of_any_number_dtype_give_the_same_grid() -> None:
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_long_integer_columns_are_read_in_place_and_checked(dtype: Any) -> None:
-    from tokenbatch.memory.estimate import _numeric
+    from tokenbatch.memory.options import _numeric
 
     rng = np.random.default_rng(4)
     cells = 6000

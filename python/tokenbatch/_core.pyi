@@ -36,11 +36,17 @@ __all__ = [
     "evaluation_table",
     "gather_segments",
     "get_num_threads",
+    "memory_estimate",
     "memory_fields",
     "memory_grid",
     "memory_layer_params",
-    "memory_name_codes",
+    "memory_max_tokens",
+    "memory_option_choices",
+    "memory_option_code",
+    "memory_option_codes",
     "memory_pipeline_layers",
+    "memory_recompute_modules",
+    "memory_recompute_name",
     "memory_stages",
     "mix_seed",
     "pack",
@@ -502,10 +508,6 @@ def memory_pipeline_layers(
 def memory_layer_params(
     spec: ModelSpec,
 ) -> tuple[list[float], list[float], list[float], float, float]: ...
-
-#: Names made of parts: separator, part names, their bits, the code of the empty set.
-_NameSets = tuple[str, list[str], list[int], float]
-
 def memory_grid(
     spec: ModelSpec,
     shape: list[int],
@@ -517,16 +519,21 @@ def memory_grid(
             | npt.NDArray[np.bool_],
             list[int],
         ]
-        | tuple[npt.NDArray[np.uint32], list[int], list[str], list[float], _NameSets | None]
     ],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
-def memory_fields() -> tuple[list[str], list[str], list[str], int]: ...
-def memory_name_codes(
-    text: npt.NDArray[np.uint32], names: list[str], codes: list[float], sets: _NameSets | None
-) -> npt.NDArray[np.float64]: ...
+def memory_estimate(spec: ModelSpec, layout: Sequence[float]) -> tuple[list[float], int]: ...
 def memory_stages(
     spec: ModelSpec, layout: Sequence[float]
 ) -> tuple[npt.NDArray[np.float64], int]: ...
+def memory_max_tokens(
+    spec: ModelSpec, layout: Sequence[float], gpu_memory: float, multiple_of: int
+) -> tuple[int, int, int]: ...
+def memory_fields() -> tuple[list[str], list[str], list[str], int]: ...
+def memory_option_code(option: str, name: str) -> float: ...
+def memory_option_codes(option: str, text: npt.NDArray[np.uint32]) -> npt.NDArray[np.float64]: ...
+def memory_option_choices(option: str) -> list[tuple[str, float]]: ...
+def memory_recompute_modules() -> list[tuple[str, int]]: ...
+def memory_recompute_name(code: float) -> str | None: ...
 
 # --- threads -------------------------------------------------------------------------
 

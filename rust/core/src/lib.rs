@@ -12,7 +12,6 @@ pub mod gather;
 pub mod memory;
 pub mod packing;
 pub mod parallel;
-mod prefetch;
 pub mod rng;
 pub mod schedule;
 

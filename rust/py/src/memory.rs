@@ -1,11 +1,11 @@
 //! Bindings of `tokenbatch_core::memory`.
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use tokenbatch_core::memory::{
-    self, GridInput, Invalid, Layout, NameSets, NameTable, Values, INVALID_REASONS, LAYOUT_FIELDS,
-    N_LAYOUT_FIELDS, OUTPUT_FIELDS,
+    self, GridInput, Invalid, Layout, Recompute, Values, INVALID_REASONS, LAYOUT_FIELDS,
+    MAX_RECOMPUTE_CODE, N_LAYOUT_FIELDS, OUTPUT_FIELDS,
 };
 
 use crate::arrays::as_slice;
@@ -67,68 +67,26 @@ enum NumberArray<'py> {
     Bool(PyReadonlyArray1<'py, bool>),
 }
 
-/// Names made of parts: the separator, the parts' names and bits, and the code of the
-/// empty set (see [`NameSets`]).
-type SetsArg = (char, Vec<String>, Vec<u32>, f64);
-
-/// One grid input with its element strides: numbers, or the code points of a `<U` array
-/// (viewed as `(n, width)` uint32) with the names it may hold, their codes, and the
-/// names made of parts it may hold (or `None`).
-#[derive(FromPyObject)]
-enum GridColumn<'py> {
-    Numbers(NumberArray<'py>, Vec<usize>),
-    Names(
-        PyReadonlyArray2<'py, u32>,
-        Vec<usize>,
-        Vec<String>,
-        Vec<f64>,
-        Option<SetsArg>,
-    ),
-}
-
-/// Evaluate a broadcast grid; returns the `(len(OUTPUT_FIELDS), cells)` table, flat and
-/// row-major (one contiguous run per field), and the per-cell reason codes (0: valid).
+/// Evaluate a broadcast grid (each input a compact array with its element strides);
+/// returns the `(len(OUTPUT_FIELDS), cells)` table, flat and row-major (one contiguous run
+/// per field), and the per-cell reason codes (0: valid).
 #[pyfunction]
 fn memory_grid<'py>(
     py: Python<'py>,
     spec: &Bound<'py, PyModelSpec>,
     shape: Vec<usize>,
-    inputs: Vec<GridColumn<'py>>,
+    inputs: Vec<(NumberArray<'py>, Vec<usize>)>,
 ) -> PyResult<GridArrays<'py>> {
     guard("memory_grid", || {
         let spec = &spec.get().spec;
-        let tables = inputs
-            .iter()
-            .map(|input| match input {
-                GridColumn::Names(text, _, names, codes, sets) => {
-                    name_table(text.shape()[1], names, codes, sets.as_ref()).map(Some)
-                }
-                GridColumn::Numbers(..) => Ok(None),
-            })
-            .collect::<PyResult<Vec<_>>>()?;
         let slices = inputs
             .iter()
-            .zip(&tables)
-            .map(|(input, table)| {
-                let (data, strides) = match (input, table) {
-                    (GridColumn::Numbers(NumberArray::F64(array), strides), _) => {
-                        (Values::F64(as_slice(array)?), strides)
-                    }
-                    (GridColumn::Numbers(NumberArray::I64(array), strides), _) => {
-                        (Values::I64(as_slice(array)?), strides)
-                    }
-                    (GridColumn::Numbers(NumberArray::I32(array), strides), _) => {
-                        (Values::I32(as_slice(array)?), strides)
-                    }
-                    (GridColumn::Numbers(NumberArray::Bool(array), strides), _) => {
-                        (Values::Bool(as_slice(array)?), strides)
-                    }
-                    (GridColumn::Names(text, strides, ..), Some(table)) => {
-                        (Values::Names(code_points(text)?, table), strides)
-                    }
-                    (GridColumn::Names(..), None) => {
-                        return Err(PyValueError::new_err("a names column without its table"))
-                    }
+            .map(|(array, strides)| {
+                let data = match array {
+                    NumberArray::F64(array) => Values::F64(as_slice(array)?),
+                    NumberArray::I64(array) => Values::I64(as_slice(array)?),
+                    NumberArray::I32(array) => Values::I32(as_slice(array)?),
+                    NumberArray::Bool(array) => Values::Bool(as_slice(array)?),
                 };
                 Ok(GridInput {
                     data,
@@ -146,61 +104,22 @@ fn memory_grid<'py>(
     })
 }
 
-/// The table of `names` (with their `codes`, and the `sets` of parts) for strings
-/// `width` code points wide.
-fn name_table(
-    width: usize,
-    names: &[String],
-    codes: &[f64],
-    sets: Option<&SetsArg>,
-) -> PyResult<NameTable> {
-    if names.len() != codes.len() {
-        return Err(PyValueError::new_err("one code per name"));
-    }
-    if width == 0 {
-        return Err(PyValueError::new_err("strings of width 0"));
-    }
-    let points = |names: &[String]| -> Vec<Vec<u32>> {
-        names
-            .iter()
-            .map(|name| name.chars().map(u32::from).collect())
-            .collect()
-    };
-    let table = NameTable::new(width, &points(names), codes);
-    Ok(match sets {
-        None => table,
-        Some((separator, parts, bits, base)) => {
-            if parts.len() != bits.len() {
-                return Err(PyValueError::new_err("one bit per part"));
-            }
-            let sets = NameSets::new(u32::from(*separator), &points(parts), bits, *base);
-            table.with_sets(sets)
-        }
-    })
-}
-
-/// The code points of a `<U` array viewed as `(n, width)` uint32, in place.
-fn code_points<'a>(text: &'a PyReadonlyArray2<'_, u32>) -> PyResult<&'a [u32]> {
-    text.as_slice()
-        .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))
-}
-
-/// For each row of `text` (a numpy `<U` array viewed as `(n, width)` uint32 code points),
-/// the code of the name it equals (`codes[i]` for `names[i]`), or of the set of parts it
-/// names (`sets`), or NaN.
+/// One configuration (layout values in `LAYOUT_FIELDS` order): its `OUTPUT_FIELDS`
+/// values and 0, or no values and the reason code. Plain lists, no arrays: a single
+/// estimate is a call users make in loops.
 #[pyfunction]
-fn memory_name_codes<'py>(
-    py: Python<'py>,
-    text: PyReadonlyArray2<'py, u32>,
-    names: Vec<String>,
-    codes: Vec<f64>,
-    sets: Option<SetsArg>,
-) -> PyResult<Bound<'py, PyArray1<f64>>> {
-    guard("memory_name_codes", || {
-        let points = code_points(&text)?;
-        let table = name_table(text.shape()[1], &names, &codes, sets.as_ref())?;
-        let found = detach_parallel(py, || memory::name_codes(points, &table));
-        Ok(found.into_pyarray(py))
+fn memory_estimate(
+    spec: &Bound<'_, PyModelSpec>,
+    layout: [f64; N_LAYOUT_FIELDS],
+) -> PyResult<(Vec<f64>, u8)> {
+    guard("memory_estimate", || {
+        let layout = Layout::from_values(&layout);
+        Ok(
+            match memory::estimate_one(&spec.get().spec, &layout).into_py_result()? {
+                Ok(breakdown) => (breakdown.to_values().to_vec(), 0),
+                Err(invalid) => (Vec::new(), invalid.code()),
+            },
+        )
     })
 }
 
@@ -214,23 +133,89 @@ fn memory_stages<'py>(
     layout: [f64; N_LAYOUT_FIELDS],
 ) -> PyResult<(Bound<'py, PyArray1<f64>>, u8)> {
     guard("memory_stages", || {
-        let spec = &spec.get().spec;
         let layout = Layout::from_values(&layout);
-        let stages = py
-            .detach(|| memory::estimate_all_stages(spec, &layout))
-            .into_py_result()?;
-        Ok(match stages {
-            Ok(stages) => (
-                stages
-                    .iter()
-                    .flat_map(|b| b.to_values())
-                    .collect::<Vec<f64>>()
-                    .into_pyarray(py),
-                0,
-            ),
-            Err(invalid) => (Vec::new().into_pyarray(py), invalid.code()),
-        })
+        Ok(
+            match memory::estimate_all_stages(&spec.get().spec, &layout).into_py_result()? {
+                Ok(stages) => {
+                    let flat: Vec<f64> = stages.iter().flat_map(|b| b.to_values()).collect();
+                    (flat.into_pyarray(py), 0)
+                }
+                Err(invalid) => (Vec::new().into_pyarray(py), invalid.code()),
+            },
+        )
     })
+}
+
+/// The largest micro-batch of one packed row that fits in `gpu_memory` bytes (see
+/// [`memory::max_micro_batch_tokens`]): the tokens and 0, or 0, the reason code and the
+/// `seq_len` of the smallest row, invalid.
+#[pyfunction]
+fn memory_max_tokens(
+    spec: &Bound<'_, PyModelSpec>,
+    layout: [f64; N_LAYOUT_FIELDS],
+    gpu_memory: f64,
+    multiple_of: u64,
+) -> PyResult<(u64, u8, u64)> {
+    guard("memory_max_tokens", || {
+        let layout = Layout::from_values(&layout);
+        let spec = &spec.get().spec;
+        Ok(
+            match memory::max_micro_batch_tokens(spec, &layout, gpu_memory, multiple_of)
+                .into_py_result()?
+            {
+                Ok(tokens) => (tokens, 0, 0),
+                Err((invalid, seq_len)) => (0, invalid.code(), seq_len),
+            },
+        )
+    })
+}
+
+/// The number layout field `option` holds for `name` (any case); an error listing the
+/// choices when it names none.
+#[pyfunction]
+fn memory_option_code(option: &str, name: &str) -> PyResult<f64> {
+    guard("memory_option_code", || {
+        memory::option_code(option, name).into_py_result()
+    })
+}
+
+/// [`memory_option_code`] of each string of a `<U` array viewed as `(n, width)` uint32
+/// code points, NaN where it names nothing.
+#[pyfunction]
+fn memory_option_codes<'py>(
+    py: Python<'py>,
+    option: &str,
+    text: PyReadonlyArray2<'py, u32>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    guard("memory_option_codes", || {
+        let width = text.shape()[1];
+        let rows = text
+            .as_slice()
+            .map_err(|_| PyTypeError::new_err("expected a C-contiguous array"))?;
+        let codes = detach_parallel(py, || memory::option_codes(option, rows, width));
+        Ok(codes.into_py_result()?.into_pyarray(py))
+    })
+}
+
+/// The names option `option` accepts with their values (`recompute`: its modes).
+#[pyfunction]
+fn memory_option_choices(option: &str) -> PyResult<Vec<(&'static str, f64)>> {
+    guard("memory_option_choices", || {
+        memory::option_choices(option).into_py_result()
+    })
+}
+
+/// Megatron-Core's modules that `recompute` may name, with their bits.
+#[pyfunction]
+fn memory_recompute_modules() -> Vec<(&'static str, u8)> {
+    memory::options::RECOMPUTE_MODULES.to_vec()
+}
+
+/// The name of a `recompute` code; `None` for a number that is no code.
+#[pyfunction]
+fn memory_recompute_name(code: f64) -> Option<String> {
+    let whole = code.fract() == 0.0 && (0.0..=MAX_RECOMPUTE_CODE).contains(&code);
+    whole.then(|| Recompute::from_code(code).name())
 }
 
 /// Names, in the order the grid uses them.
@@ -254,8 +239,14 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(memory_layer_params, m)?)?;
     m.add_function(wrap_pyfunction!(memory_pipeline_layers, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_name_codes, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_estimate, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stages, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_max_tokens, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_option_code, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_option_codes, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_option_choices, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_recompute_modules, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_recompute_name, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_fields, m)?)?;
     Ok(())
 }

@@ -5,26 +5,34 @@
 //! Formulas and their sources are documented in [`estimate`]; parameter counts in [`spec`].
 
 pub mod activations;
+mod checks;
 pub mod estimate;
 pub mod grid;
 pub mod layout;
 mod memo;
-pub mod names;
+pub mod options;
 pub mod pipeline;
 pub mod spec;
 pub mod spec_fields;
+mod stage;
+mod terms;
 
 pub use activations::CpComm;
+pub use checks::{check_field, validate};
 pub use estimate::{
-    check_field, estimate, estimate_stages, validate, Breakdown, Prepared, N_OUTPUT_FIELDS,
-    OUTPUT_FIELDS,
+    estimate, estimate_stages, Breakdown, Prepared, N_OUTPUT_FIELDS, OUTPUT_FIELDS,
 };
-pub use grid::{estimate_all_stages, estimate_grid, estimate_one, GridInput, GridTable, Values};
+pub use grid::{
+    estimate_all_stages, estimate_grid, estimate_one, max_micro_batch_tokens, GridInput, GridTable,
+    Values,
+};
 pub use layout::{
     ActivationModel, Invalid, Layout, Modules, Recompute, INVALID_REASONS, LAYOUT_FIELDS,
     MAX_RECOMPUTE_CODE, N_LAYOUT_FIELDS,
 };
-pub use names::{name_codes, NameSets, NameTable};
+pub use options::{
+    option_choices, option_code, option_codes, Attention, Choice, Dtype, Loss, Optimizer,
+};
 pub use pipeline::{PipelineSplit, StageLayers};
 pub use spec::{FfnType, Implementation, LayerParams, ModelSpec, MoeDispatcher, NormType};
 pub use spec_fields::{Field, SPEC_FIELDS};
