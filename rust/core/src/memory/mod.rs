@@ -11,6 +11,7 @@ pub mod layout;
 mod memo;
 pub mod names;
 pub mod pipeline;
+pub mod planner;
 pub mod spec;
 pub mod spec_fields;
 

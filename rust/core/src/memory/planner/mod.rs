@@ -1,0 +1,363 @@
+//! Parallel-layout planning: enumerate the layouts that fit, rank them by step time.
+//!
+//! The search enumerates data, tensor, pipeline (with interleaving), context and expert
+//! parallelism, the ZeRO stage, recomputation and the micro-batch size
+//! ([`candidates`]); estimates the memory of every candidate in one grid (pipeline
+//! stages split to balance their compute, so that 61 or 126 layers split over 16
+//! stages); keeps those within `usable_fraction` of the GPU's memory; and ranks them by
+//! the step-time model of [`step_time`] on a [`Hardware`].
+
+pub mod candidates;
+pub mod hardware;
+pub mod options;
+pub mod step_time;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashSet;
+
+use rayon::prelude::*;
+
+use crate::error::{at_least, Error, Result};
+use crate::memory::estimate::OUTPUT_FIELDS;
+use crate::memory::grid::{estimate_grid, GridInput, GridTable, Values};
+use crate::memory::layout::{Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS};
+use crate::memory::pipeline::PipelineSplit;
+use crate::memory::spec::ModelSpec;
+
+pub use candidates::{Bounds, Row, Split};
+pub use hardware::{Hardware, HARDWARE_FIGURES, HARDWARE_PRESETS};
+pub use options::recompute_modes;
+pub use step_time::{
+    Candidate, Constants, SpecTerms, StepTime, CANDIDATE_FIELDS, OVERLAP_TAX, TIME_PARTS,
+};
+
+/// What to plan: the cluster, the batch and the options of the memory estimate.
+#[derive(Debug, Clone)]
+pub struct Request<'a, S: AsRef<str>> {
+    pub num_gpus: i64,
+    pub seq_len: i64,
+    pub global_batch_tokens: i64,
+    pub hardware: Hardware,
+    /// The memory estimate's options (dtypes, optimizer, `fp8`...); the fields the
+    /// planner chooses are ignored.
+    pub options: Layout,
+    pub constants: Constants,
+    /// Fraction of the GPU's memory a layout may use.
+    pub usable_fraction: f64,
+    /// The recomputation modes to consider, by name.
+    pub recompute: &'a [S],
+    /// Each parallel layout (dp, tp, pp, cp, ep) once, with its fastest setting.
+    pub distinct: bool,
+    /// The most layouts to return (all with `None`).
+    pub top: Option<i64>,
+}
+
+/// The planned layouts, fastest first, column by column.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub dp: Vec<u64>,
+    pub tp: Vec<u64>,
+    pub pp: Vec<u64>,
+    pub cp: Vec<u64>,
+    pub ep: Vec<u64>,
+    pub vpp: Vec<u64>,
+    pub zero: Vec<u64>,
+    pub recompute: Vec<Recompute>,
+    pub micro_batch: Vec<u64>,
+    pub grad_accum_steps: Vec<u64>,
+    pub pipeline_split: Vec<PipelineSplit>,
+    /// Explicit layers of the first and last stage (0: set by the split rule).
+    pub first_stage_layers: Vec<u64>,
+    pub last_stage_layers: Vec<u64>,
+    /// Layers of every stage.
+    pub stage_layers: Vec<Vec<u64>>,
+    /// Bytes per GPU on the busiest stage.
+    pub memory: Vec<f64>,
+    pub step_time: Vec<f64>,
+    pub mfu: Vec<f64>,
+    pub tokens_per_second: Vec<f64>,
+    /// Seconds of each part of [`TIME_PARTS`], in that order.
+    pub time_parts: [Vec<f64>; 10],
+}
+
+impl Plan {
+    pub fn len(&self) -> usize {
+        self.dp.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dp.is_empty()
+    }
+}
+
+/// The layout fields a candidate sets: the rest come from the request's options.
+const CHOSEN: [&str; 15] = [
+    "seq_len",
+    "micro_batch",
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "vpp",
+    "zero",
+    "sequence_parallel",
+    "recompute",
+    "grad_accum_steps",
+    "first_stage_layers",
+    "last_stage_layers",
+    "pipeline_split",
+];
+
+/// Layouts of `num_gpus` GPUs that fit in memory, fastest first (ties: less memory, then
+/// the order of the search). An empty plan when none fits; an error naming the field
+/// when an argument is out of range, or when no candidate is valid at all (an option
+/// makes every estimate invalid: the most common reason is given).
+pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Result<Plan> {
+    spec.validate()?;
+    let num_gpus = at_least(r.num_gpus, 1, "num_gpus")?;
+    let seq_len = at_least(r.seq_len, 1, "seq_len")?;
+    let global_batch_tokens = at_least(r.global_batch_tokens, 1, "global_batch_tokens")?;
+    let efficiency = hardware::positive("compute_efficiency", r.constants.efficiency)?;
+    let usable = hardware::positive("usable_fraction", r.usable_fraction)?;
+    if efficiency > 1.0 || usable > 1.0 {
+        return Err(Error::invalid(
+            "compute_efficiency and usable_fraction must be at most 1",
+        ));
+    }
+    if global_batch_tokens % seq_len != 0 {
+        return Err(Error::invalid(format!(
+            "global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len}"
+        )));
+    }
+    let top = r.top.map(|top| at_least(top, 1, "top")).transpose()?;
+    let hw = &r.hardware;
+    hw.check()?;
+    r.constants.check()?;
+    let bounds = Bounds {
+        num_gpus,
+        seq_len,
+        sequences: global_batch_tokens / seq_len,
+        gpus_per_node: hw.gpus_per_node,
+        modes: recompute_modes(r.recompute)?,
+    };
+    let (rows, splits) = candidates::candidates(spec, &bounds);
+    if rows.is_empty() {
+        return Ok(Plan::default());
+    }
+    let grid = estimate(spec, seq_len as f64, &r.options, &rows, &splits)?;
+    let total = grid.field(field_index("total"));
+    let limit = usable * hw.memory;
+    let fits: Vec<usize> = (0..rows.len())
+        .filter(|&i| grid.reasons[i] == 0 && total[i] <= limit)
+        .collect();
+    if fits.is_empty() {
+        return match most_common_reason(&grid.reasons) {
+            Some(reason) => Err(no_valid_layout(reason, &r.options)),
+            None => Ok(Plan::default()),
+        };
+    }
+    let terms = SpecTerms::new(spec);
+    let (options, constants) = (&r.options, &r.constants);
+    let times: Vec<StepTime> = fits
+        .par_iter()
+        .map(|&i| {
+            let candidate = candidate(&rows[i], &splits[rows[i].split]);
+            step_time::step_time(&terms, &candidate, hw, seq_len as f64, options, constants)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..fits.len()).collect();
+    order.sort_by(|&a, &b| {
+        times[a]
+            .total
+            .total_cmp(&times[b].total)
+            .then(total[fits[a]].total_cmp(&total[fits[b]]))
+    });
+    if r.distinct {
+        let mut seen = HashSet::new();
+        order.retain(|&k| {
+            let x = &rows[fits[k]];
+            seen.insert((x.dp, x.tp, x.pp, x.cp, x.ep))
+        });
+    }
+    if let Some(top) = top {
+        order.truncate(usize::try_from(top).unwrap_or(usize::MAX));
+    }
+    let mut plan = Plan::default();
+    for k in order {
+        let (x, time) = (&rows[fits[k]], &times[k]);
+        let split = &splits[x.split];
+        plan.dp.push(x.dp);
+        plan.tp.push(x.tp);
+        plan.pp.push(x.pp);
+        plan.cp.push(x.cp);
+        plan.ep.push(x.ep);
+        plan.vpp.push(x.vpp);
+        plan.zero.push(x.zero);
+        plan.recompute.push(x.recompute);
+        plan.micro_batch.push(x.micro_batch);
+        plan.grad_accum_steps.push(x.steps);
+        plan.pipeline_split.push(split.rule);
+        plan.first_stage_layers.push(split.first_stage);
+        plan.last_stage_layers.push(split.last_stage);
+        plan.stage_layers.push(split.stage_layers());
+        plan.memory.push(total[fits[k]]);
+        plan.step_time.push(time.total);
+        plan.mfu
+            .push(time.model_flops / (time.total * num_gpus as f64 * hw.peak_flops));
+        plan.tokens_per_second
+            .push(global_batch_tokens as f64 / time.total);
+        for (column, &part) in plan.time_parts.iter_mut().zip(&time.parts) {
+            column.push(part);
+        }
+    }
+    Ok(plan)
+}
+
+/// The step time of each of `candidates` (of `seq_len` tokens per sequence, with the
+/// memory estimate's options `inputs`), on all cores.
+pub fn step_times(
+    spec: &ModelSpec,
+    candidates: &[Candidate],
+    hw: &Hardware,
+    seq_len: f64,
+    inputs: &Layout,
+    constants: &Constants,
+) -> Result<Vec<StepTime>> {
+    spec.validate()?;
+    hw.check()?;
+    constants.check()?;
+    hardware::positive("seq_len", seq_len)?;
+    let terms = SpecTerms::new(spec);
+    Ok(candidates
+        .par_iter()
+        .map(|c| step_time::step_time(&terms, c, hw, seq_len, inputs, constants))
+        .collect())
+}
+
+/// The step-time model's view of a candidate.
+fn candidate(x: &Row, split: &Split) -> Candidate {
+    let (first, middle, last) = split.first_middle_last();
+    Candidate {
+        dp: x.dp as f64,
+        tp: x.tp as f64,
+        pp: x.pp as f64,
+        cp: x.cp as f64,
+        ep: x.ep as f64,
+        vpp: x.vpp as f64,
+        zero: x.zero as f64,
+        recompute: x.recompute.code(),
+        micro_batch: x.micro_batch as f64,
+        grad_accum_steps: x.steps as f64,
+        first_layers: first as f64,
+        middle_layers: middle as f64,
+        last_layers: last as f64,
+    }
+}
+
+fn field_index(name: &str) -> usize {
+    OUTPUT_FIELDS.iter().position(|f| *f == name).unwrap_or(0)
+}
+
+fn layout_index(name: &str) -> usize {
+    LAYOUT_FIELDS.iter().position(|f| *f == name).unwrap_or(0)
+}
+
+/// The memory of every candidate, in one grid over the list of them.
+fn estimate(
+    spec: &ModelSpec,
+    seq_len: f64,
+    options: &Layout,
+    rows: &[Row],
+    splits: &[Split],
+) -> Result<GridTable> {
+    let column = |value: &dyn Fn(&Row, &Split) -> f64| -> Vec<f64> {
+        rows.iter().map(|x| value(x, &splits[x.split])).collect()
+    };
+    let chosen: Vec<(&str, Vec<f64>)> = vec![
+        ("micro_batch", column(&|x, _| x.micro_batch as f64)),
+        ("dp", column(&|x, _| x.dp as f64)),
+        ("tp", column(&|x, _| x.tp as f64)),
+        ("pp", column(&|x, _| x.pp as f64)),
+        ("cp", column(&|x, _| x.cp as f64)),
+        ("ep", column(&|x, _| x.ep as f64)),
+        ("vpp", column(&|x, _| x.vpp as f64)),
+        ("zero", column(&|x, _| x.zero as f64)),
+        (
+            "sequence_parallel",
+            column(&|x, _| f64::from(u8::from(x.tp > 1))),
+        ),
+        ("recompute", column(&|x, _| x.recompute.code())),
+        ("grad_accum_steps", column(&|x, _| x.steps as f64)),
+        ("first_stage_layers", column(&|_, s| s.first_stage as f64)),
+        ("last_stage_layers", column(&|_, s| s.last_stage as f64)),
+        ("pipeline_split", column(&|_, s| s.rule.code())),
+    ];
+    let mut fixed = *options;
+    fixed.seq_len = seq_len;
+    let fixed = fixed.to_values();
+    let mut inputs: Vec<GridInput<'_>> = fixed
+        .iter()
+        .map(|value| GridInput {
+            data: Values::F64(std::slice::from_ref(value)),
+            strides: &[0],
+        })
+        .collect();
+    for (name, values) in &chosen {
+        inputs[layout_index(name)] = GridInput {
+            data: Values::F64(values),
+            strides: &[1],
+        };
+    }
+    estimate_grid(spec, &[rows.len()], &inputs)
+}
+
+/// The most common reason code of the invalid cells (the smallest of equals), if every
+/// cell is invalid.
+fn most_common_reason(reasons: &[u8]) -> Option<Invalid> {
+    let mut counts = [0usize; 256];
+    for &reason in reasons {
+        if reason == 0 {
+            return None;
+        }
+        counts[usize::from(reason)] += 1;
+    }
+    let best = (1..256).fold(1, |best, code| {
+        if counts[code] > counts[best] {
+            code
+        } else {
+            best
+        }
+    });
+    INVALID_REASONS.get(best - 1).copied()
+}
+
+/// The error of a search whose every candidate is invalid for `reason`, with the values
+/// of the options it names.
+fn no_valid_layout(reason: Invalid, options: &Layout) -> Error {
+    let message = reason.message();
+    let defaults = Layout::default().to_values();
+    let given: Vec<String> = LAYOUT_FIELDS
+        .iter()
+        .zip(options.to_values())
+        .zip(defaults)
+        .filter(|((name, value), default)| {
+            !CHOSEN.contains(name)
+                && message.contains(*name)
+                && value.to_bits() != default.to_bits()
+        })
+        .map(|((name, value), _)| format!("{name}={}", hardware::shown(value)))
+        .collect();
+    let text = if given.is_empty() {
+        message.to_string()
+    } else {
+        format!("{message} (got {})", given.join(", "))
+    };
+    if reason == Invalid::Overflow {
+        Error::overflow(text)
+    } else {
+        Error::invalid(text)
+    }
+}
