@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenbatch_core::memory::planner::{
-    self, Candidate, Constants, Hardware, Request, CANDIDATE_FIELDS, HARDWARE_FIGURES,
+    self, Candidate, Constants, Hardware, Overrides, Request, CANDIDATE_FIELDS, HARDWARE_FIGURES,
     HARDWARE_PRESETS, OVERLAP_TAX, TIME_PARTS,
 };
 use tokenbatch_core::memory::{Layout, N_LAYOUT_FIELDS};
@@ -18,6 +18,16 @@ use crate::parallel::detach_parallel;
 
 /// A GPU's figures in `HARDWARE_FIGURES` order and its GPUs per node.
 type HardwareArg = ([f64; 6], i64);
+
+/// Figures that replace the hardware's: `gpu_memory`, `peak_flops`,
+/// `intra_node_bandwidth`, `inter_node_bandwidth`, `gpus_per_node`.
+type OverridesArg = (
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    Option<i64>,
+);
 
 /// The step-time model's constants: efficiency, seconds per layer pass, overlap tax (the
 /// model's own when `None`).
@@ -72,7 +82,7 @@ fn planner_check_hardware(figures: [f64; 6], gpus_per_node: i64) -> PyResult<()>
 /// stage layers as lists.
 #[pyfunction]
 #[pyo3(signature = (
-    spec, *, num_gpus, seq_len, global_batch_tokens, hardware, options, constants,
+    spec, *, num_gpus, seq_len, global_batch_tokens, hardware, overrides, options, constants,
     overlap_ep_comm, deduplicated_dispatch, usable_fraction, recompute, distinct, top
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -83,6 +93,7 @@ fn planner_plan<'py>(
     seq_len: i64,
     global_batch_tokens: i64,
     hardware: HardwareArg,
+    overrides: OverridesArg,
     options: [f64; N_LAYOUT_FIELDS],
     constants: ConstantsArg,
     overlap_ep_comm: bool,
@@ -99,6 +110,13 @@ fn planner_plan<'py>(
             seq_len,
             global_batch_tokens,
             hardware: self::hardware(hardware)?,
+            overrides: Overrides {
+                gpu_memory: overrides.0,
+                peak_flops: overrides.1,
+                intra_node_bandwidth: overrides.2,
+                inter_node_bandwidth: overrides.3,
+                gpus_per_node: overrides.4,
+            },
             options: Layout::from_values(&options),
             constants: self::constants(constants, overlap_ep_comm, deduplicated_dispatch),
             usable_fraction,

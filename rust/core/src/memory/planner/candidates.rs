@@ -5,9 +5,14 @@
 //! 32-way, micro-batches hold at most 64 sequences and ZeRO-2 and -3 are not combined
 //! with pipeline parallelism (Megatron-LM and DeepSpeed do not support it).
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
 use crate::memory::layout::Recompute;
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::ModelSpec;
+
+use super::layer_time::LayerKey;
 
 const MAX_CP: u64 = 32;
 const MAX_MICRO_BATCH: u64 = 64;
@@ -21,20 +26,23 @@ pub struct Split {
     pub first_stage: u64,
     pub last_stage: u64,
     pub stages: StageLayers,
+    /// Layers of the first, of the largest and of the last stage.
+    pub first_middle_last: (u64, u64, u64),
 }
 
 impl Split {
-    /// Layers of the first, of the largest and of the last stage.
-    pub fn first_middle_last(&self) -> (u64, u64, u64) {
-        let pp = self.stages.pp();
-        let first = self.stages.stage_layers(0);
-        let last = self.stages.stage_layers(pp - 1);
-        let middle = if pp > 2 {
-            self.stages.stage_layers(1)
-        } else {
-            0
-        };
-        (first, first.max(middle).max(last), last)
+    fn new(rule: PipelineSplit, first_stage: u64, last_stage: u64, stages: StageLayers) -> Self {
+        let pp = stages.pp();
+        let first = stages.stage_layers(0);
+        let last = stages.stage_layers(pp - 1);
+        let middle = if pp > 2 { stages.stage_layers(1) } else { 0 };
+        Split {
+            rule,
+            first_stage,
+            last_stage,
+            stages,
+            first_middle_last: (first, first.max(middle).max(last), last),
+        }
     }
 
     /// Layers of every stage.
@@ -59,6 +67,8 @@ pub struct Row {
     pub micro_batch: u64,
     pub steps: u64,
     pub split: usize,
+    /// Indexes the search's [`LayerKey`]s.
+    pub layer: usize,
 }
 
 /// What a search enumerates over.
@@ -130,13 +140,8 @@ pub fn balanced_split(spec: &ModelSpec, pp: u64, vpp: u64, end_cost: f64) -> Opt
         let Some(stages) = StageLayers::new(layers, pp, vpp, rule, first, last) else {
             return;
         };
-        let split = Split {
-            rule,
-            first_stage: first,
-            last_stage: last,
-            stages,
-        };
-        let (head, middle, tail) = split.first_middle_last();
+        let split = Split::new(rule, first, last, stages);
+        let (head, middle, tail) = split.first_middle_last;
         let slowest_before_last = if pp > 1 { head.max(middle) as f64 } else { 0.0 };
         let cost = slowest_before_last.max(tail as f64 + end_cost);
         let key = (cost, head, rank);
@@ -169,11 +174,75 @@ pub fn balanced_split(spec: &ModelSpec, pp: u64, vpp: u64, end_cost: f64) -> Opt
     best.map(|(_, split)| split)
 }
 
-/// Every candidate within the bounds, in the order the ranking breaks ties by, and the
-/// pipeline splits the rows index.
-pub fn candidates(spec: &ModelSpec, b: &Bounds) -> (Vec<Row>, Vec<Split>) {
+/// A multiplicative hash of words: the keys of [`LayerKeys`] are counts, which need no
+/// protection from collisions chosen by an adversary.
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+}
+
+/// The distinct [`LayerKey`]s of a search, each numbered once.
+#[derive(Default)]
+struct LayerKeys {
+    index: HashMap<(u64, u64, u64, u64, usize), usize, BuildHasherDefault<WordHasher>>,
+    keys: Vec<LayerKey>,
+}
+
+impl LayerKeys {
+    /// The number of the key of tensor, context and expert parallelism `tp`, `cp`, `ep`,
+    /// `micro_batch` sequences and mode `mode` (the `mode`-th of the search's).
+    fn number(
+        &mut self,
+        (tp, cp, ep, micro_batch): (u64, u64, u64, u64),
+        mode: (usize, Recompute),
+    ) -> usize {
+        let keys = &mut self.keys;
+        let key = (tp, cp, ep, micro_batch, mode.0);
+        *self.index.entry(key).or_insert_with(|| {
+            keys.push(LayerKey {
+                tp: tp as f64,
+                cp: cp as f64,
+                ep: ep as f64,
+                micro_batch: micro_batch as f64,
+                recompute: mode.1.code(),
+            });
+            keys.len() - 1
+        })
+    }
+}
+
+/// The candidates of a search and what its rows index.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    /// Every candidate within the bounds, in the order the ranking breaks ties by.
+    pub rows: Vec<Row>,
+    pub splits: Vec<Split>,
+    pub layers: Vec<LayerKey>,
+}
+
+/// Every candidate within the bounds.
+pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
     let mut rows = Vec::new();
     let mut splits: Vec<Split> = Vec::new();
+    let mut layers = LayerKeys::default();
     // The split depends on (pp, vpp) only: found once for every tp.
     let mut found: Vec<((u64, u64), Option<usize>)> = Vec::new();
     let end = end_cost(spec);
@@ -234,8 +303,15 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> (Vec<Row>, Vec<Split>) {
                             continue;
                         }
                         for &ep in &eps {
+                            let numbered: Vec<(usize, Recompute)> = (b.modes.iter())
+                                .enumerate()
+                                .map(|(mode, &recompute)| {
+                                    let key = (tp, cp, ep, micro_batch);
+                                    (layers.number(key, (mode, recompute)), recompute)
+                                })
+                                .collect();
                             for &zero in zeros {
-                                for &recompute in &b.modes {
+                                for &(layer, recompute) in &numbered {
                                     rows.push(Row {
                                         dp,
                                         tp,
@@ -248,6 +324,7 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> (Vec<Row>, Vec<Split>) {
                                         micro_batch,
                                         steps,
                                         split,
+                                        layer,
                                     });
                                 }
                             }
@@ -257,5 +334,9 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> (Vec<Row>, Vec<Split>) {
             }
         }
     }
-    (rows, splits)
+    Candidates {
+        rows,
+        splits,
+        layers: layers.keys,
+    }
 }

@@ -9,13 +9,14 @@
 
 pub mod candidates;
 pub mod hardware;
+pub mod layer_time;
 pub mod options;
 pub mod step_time;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashSet;
+use std::collections::{BinaryHeap, HashSet};
 
 use rayon::prelude::*;
 
@@ -26,8 +27,9 @@ use crate::memory::layout::{Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_
 use crate::memory::pipeline::PipelineSplit;
 use crate::memory::spec::ModelSpec;
 
-pub use candidates::{Bounds, Row, Split};
+pub use candidates::{Bounds, Candidates, Row, Split};
 pub use hardware::{Hardware, HARDWARE_FIGURES, HARDWARE_PRESETS};
+pub use layer_time::{LayerKey, LayerTerms};
 pub use options::recompute_modes;
 pub use step_time::{
     Candidate, Constants, SpecTerms, StepTime, CANDIDATE_FIELDS, OVERLAP_TAX, TIME_PARTS,
@@ -40,6 +42,9 @@ pub struct Request<'a, S: AsRef<str>> {
     pub seq_len: i64,
     pub global_batch_tokens: i64,
     pub hardware: Hardware,
+    /// Figures that replace the hardware's, each checked: memory (`gpu_memory`), peak
+    /// FLOP/s, intra- and inter-node bandwidths, GPUs per node.
+    pub overrides: Overrides,
     /// The memory estimate's options (dtypes, optimizer, `fp8`...); the fields the
     /// planner chooses are ignored.
     pub options: Layout,
@@ -52,6 +57,47 @@ pub struct Request<'a, S: AsRef<str>> {
     pub distinct: bool,
     /// The most layouts to return (all with `None`).
     pub top: Option<i64>,
+}
+
+/// Figures of a [`Request`] that replace its hardware's.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Overrides {
+    pub gpu_memory: Option<f64>,
+    pub peak_flops: Option<f64>,
+    pub intra_node_bandwidth: Option<f64>,
+    pub inter_node_bandwidth: Option<f64>,
+    pub gpus_per_node: Option<i64>,
+}
+
+impl Overrides {
+    /// `hw` with these figures, each checked and named as the caller named it.
+    pub fn apply(&self, hw: &Hardware) -> Result<Hardware> {
+        let mut hw = *hw;
+        let figures = [
+            ("gpu_memory", self.gpu_memory, &mut hw.memory),
+            ("peak_flops", self.peak_flops, &mut hw.peak_flops),
+            (
+                "intra_node_bandwidth",
+                self.intra_node_bandwidth,
+                &mut hw.intra_node_bandwidth,
+            ),
+            (
+                "inter_node_bandwidth",
+                self.inter_node_bandwidth,
+                &mut hw.inter_node_bandwidth,
+            ),
+        ];
+        for (name, value, figure) in figures {
+            if let Some(value) = value {
+                *figure = hardware::positive(name, value)?;
+            }
+        }
+        if let Some(gpus) = self.gpus_per_node {
+            hw.gpus_per_node = at_least(gpus, 1, "gpus_per_node")?;
+        }
+        hw.check()?;
+        Ok(hw)
+    }
 }
 
 /// The planned layouts, fastest first, column by column.
@@ -117,6 +163,7 @@ const CHOSEN: [&str; 15] = [
 /// makes every estimate invalid: the most common reason is given).
 pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Result<Plan> {
     spec.validate()?;
+    let hw = &r.overrides.apply(&r.hardware)?;
     let num_gpus = at_least(r.num_gpus, 1, "num_gpus")?;
     let seq_len = at_least(r.seq_len, 1, "seq_len")?;
     let global_batch_tokens = at_least(r.global_batch_tokens, 1, "global_batch_tokens")?;
@@ -133,8 +180,6 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
         )));
     }
     let top = r.top.map(|top| at_least(top, 1, "top")).transpose()?;
-    let hw = &r.hardware;
-    hw.check()?;
     r.constants.check()?;
     let bounds = Bounds {
         num_gpus,
@@ -143,52 +188,29 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
         gpus_per_node: hw.gpus_per_node,
         modes: recompute_modes(r.recompute)?,
     };
-    let (rows, splits) = candidates::candidates(spec, &bounds);
-    if rows.is_empty() {
+    let found = candidates::candidates(spec, &bounds);
+    if found.rows.is_empty() {
         return Ok(Plan::default());
-    }
-    let grid = estimate(spec, seq_len as f64, &r.options, &rows, &splits)?;
-    let total = grid.field(field_index("total"));
-    let limit = usable * hw.memory;
-    let fits: Vec<usize> = (0..rows.len())
-        .filter(|&i| grid.reasons[i] == 0 && total[i] <= limit)
-        .collect();
-    if fits.is_empty() {
-        return match most_common_reason(&grid.reasons) {
-            Some(reason) => Err(no_valid_layout(reason, &r.options)),
-            None => Ok(Plan::default()),
-        };
     }
     let terms = SpecTerms::new(spec);
     let (options, constants) = (&r.options, &r.constants);
-    let times: Vec<StepTime> = fits
+    let seq = seq_len as f64;
+    let layers: Vec<LayerTerms> = found
+        .layers
         .par_iter()
-        .map(|&i| {
-            let candidate = candidate(&rows[i], &splits[rows[i].split]);
-            step_time::step_time(&terms, &candidate, hw, seq_len as f64, options, constants)
-        })
+        .map(|key| layer_time::layer_terms(&terms, key, hw, seq, options, constants))
         .collect();
-    let mut order: Vec<usize> = (0..fits.len()).collect();
-    order.sort_by(|&a, &b| {
-        times[a]
-            .total
-            .total_cmp(&times[b].total)
-            .then(total[fits[a]].total_cmp(&total[fits[b]]))
-    });
-    if r.distinct {
-        let mut seen = HashSet::new();
-        order.retain(|&k| {
-            let x = &rows[fits[k]];
-            seen.insert((x.dp, x.tp, x.pp, x.cp, x.ep))
-        });
-    }
-    if let Some(top) = top {
-        order.truncate(usize::try_from(top).unwrap_or(usize::MAX));
-    }
+    let time = |x: &Row| {
+        let c = candidate(x, &found.splits[x.split]);
+        step_time::finish(&terms, &c, &layers[x.layer], hw, seq, options, constants)
+    };
+    let totals: Vec<f64> = found.rows.par_iter().map(|x| time(x).total).collect();
+    let ranked = rank(spec, r, &found, &totals, usable * hw.memory, top)?;
     let mut plan = Plan::default();
-    for k in order {
-        let (x, time) = (&rows[fits[k]], &times[k]);
-        let split = &splits[x.split];
+    for (i, memory) in ranked {
+        let x = &found.rows[i];
+        let time = time(x);
+        let split = &found.splits[x.split];
         plan.dp.push(x.dp);
         plan.tp.push(x.tp);
         plan.pp.push(x.pp);
@@ -203,7 +225,7 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
         plan.first_stage_layers.push(split.first_stage);
         plan.last_stage_layers.push(split.last_stage);
         plan.stage_layers.push(split.stage_layers());
-        plan.memory.push(total[fits[k]]);
+        plan.memory.push(memory);
         plan.step_time.push(time.total);
         plan.mfu
             .push(time.model_flops / (time.total * num_gpus as f64 * hw.peak_flops));
@@ -214,6 +236,107 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
         }
     }
     Ok(plan)
+}
+
+/// A candidate's place in the ranking: by step time, then by the order of the search
+/// (memory breaks ties of time once it is known).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Ranked(f64, usize);
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Reversed: the heap pops the fastest first.
+        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
+    }
+}
+
+/// The candidates that fit in `limit` bytes, fastest first (ties: less memory, then the
+/// order of the search), at most `top`, each parallel layout once when `distinct`, with
+/// their memory. The memory of a candidate is estimated only when it could be among
+/// them: the candidates are taken fastest first, in batches (one grid each), until the
+/// plan is full.
+fn rank<S: AsRef<str>>(
+    spec: &ModelSpec,
+    r: &Request<'_, S>,
+    found: &candidates::Candidates,
+    totals: &[f64],
+    limit: f64,
+    top: Option<u64>,
+) -> Result<Vec<(usize, f64)>> {
+    let top = top.map_or(usize::MAX, |top| usize::try_from(top).unwrap_or(usize::MAX));
+    let key = |i: usize| {
+        let x = &found.rows[i];
+        (x.dp, x.tp, x.pp, x.cp, x.ep)
+    };
+    let mut heap: BinaryHeap<Ranked> = totals
+        .iter()
+        .enumerate()
+        .map(|(i, &total)| Ranked(total, i))
+        .collect();
+    let mut seen = HashSet::new();
+    let mut ranked = Vec::new();
+    let mut reasons = [0usize; 256];
+    let mut batch_size = 64;
+    while ranked.len() < top {
+        // The next candidates whose layout is not taken, ending with a whole group of
+        // equal times (memory orders a group).
+        let mut batch: Vec<usize> = Vec::new();
+        while let Some(Ranked(time, i)) = heap.pop() {
+            if !(r.distinct && seen.contains(&key(i))) {
+                batch.push(i);
+            }
+            let group_ends = heap
+                .peek()
+                .is_none_or(|next| next.0.to_bits() != time.to_bits());
+            if batch.len() >= batch_size && group_ends {
+                break;
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        batch_size *= 2;
+        let rows: Vec<Row> = batch.iter().map(|&i| found.rows[i]).collect();
+        let grid = estimate(spec, r.seq_len as f64, &r.options, &rows, &found.splits)?;
+        let memory = grid.field(field_index("total"));
+        let mut fits: Vec<(usize, f64)> = Vec::new();
+        for (k, &i) in batch.iter().enumerate() {
+            reasons[usize::from(grid.reasons[k])] += 1;
+            if grid.reasons[k] == 0 && memory[k] <= limit {
+                fits.push((i, memory[k]));
+            }
+        }
+        // Stable: equal times and memory keep the order of the search.
+        fits.sort_by(|a, b| {
+            totals[a.0]
+                .total_cmp(&totals[b.0])
+                .then(a.1.total_cmp(&b.1))
+        });
+        for (i, memory) in fits {
+            if ranked.len() == top {
+                break;
+            }
+            if !r.distinct || seen.insert(key(i)) {
+                ranked.push((i, memory));
+            }
+        }
+    }
+    if ranked.is_empty() && reasons[0] == 0 {
+        // Every candidate was estimated (none was skipped for a layout taken) and none is
+        // valid: an option is at fault, and the most common reason says which.
+        if let Some(reason) = most_common_reason(&reasons) {
+            return Err(no_valid_layout(reason, &r.options));
+        }
+    }
+    Ok(ranked)
 }
 
 /// The step time of each of `candidates` (of `seq_len` tokens per sequence, with the
@@ -239,7 +362,7 @@ pub fn step_times(
 
 /// The step-time model's view of a candidate.
 fn candidate(x: &Row, split: &Split) -> Candidate {
-    let (first, middle, last) = split.first_middle_last();
+    let (first, middle, last) = split.first_middle_last;
     Candidate {
         dp: x.dp as f64,
         tp: x.tp as f64,
@@ -314,16 +437,9 @@ fn estimate(
     estimate_grid(spec, &[rows.len()], &inputs)
 }
 
-/// The most common reason code of the invalid cells (the smallest of equals), if every
-/// cell is invalid.
-fn most_common_reason(reasons: &[u8]) -> Option<Invalid> {
-    let mut counts = [0usize; 256];
-    for &reason in reasons {
-        if reason == 0 {
-            return None;
-        }
-        counts[usize::from(reason)] += 1;
-    }
+/// The most common reason among `counts` of the codes of invalid cells (the smallest
+/// code of equals).
+fn most_common_reason(counts: &[usize; 256]) -> Option<Invalid> {
     let best = (1..256).fold(1, |best, code| {
         if counts[code] > counts[best] {
             code
