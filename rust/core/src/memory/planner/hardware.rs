@@ -98,23 +98,6 @@ const fn preset(
 }
 
 impl Hardware {
-    /// A preset by name, in any case.
-    pub fn preset(name: &str) -> Result<Hardware> {
-        let lower = name.to_lowercase();
-        HARDWARE_PRESETS
-            .iter()
-            .find(|(preset, _)| *preset == lower)
-            .map(|&(_, hardware)| hardware)
-            .ok_or_else(|| {
-                let mut known: Vec<&str> = HARDWARE_PRESETS.iter().map(|(n, _)| *n).collect();
-                known.sort_unstable();
-                Error::invalid(format!(
-                    "unknown hardware '{name}'; presets: {}",
-                    known.join(", ")
-                ))
-            })
-    }
-
     /// The figures in [`HARDWARE_FIGURES`] order.
     pub fn figures(&self) -> [f64; 6] {
         [
