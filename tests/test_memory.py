@@ -847,7 +847,10 @@ def test_plan_shards_a_big_model_and_keeps_tensor_parallel_in_the_node() -> None
     assert best.tp * best.pp > 1 or best.zero == 3
     check = estimate_memory(spec, seq_len=8192, **best.layout())
     assert check.total == best.memory
-    assert plan_layouts(spec, num_gpus=1, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192) == []
+    assert (
+        plan_layouts(spec, num_gpus=1, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192)
+        == []
+    )
     with pytest.raises(InvalidValueError, match="multiple of seq_len"):
         plan_layouts(spec, num_gpus=8, gpu_memory=80e9, seq_len=8192, global_batch_tokens=1000)
 

@@ -31,7 +31,7 @@ from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["HARDWARE", "HARDWARE_FIGURES", "Hardware"]
 
-_PRESETS, _FIGURES, _, _ = _core.planner_names()
+_PRESETS, _FIGURES = _core.planner_names()[:2]
 
 #: The figures of a :class:`Hardware`, in the order the core takes them.
 HARDWARE_FIGURES: tuple[str, ...] = tuple(_FIGURES)

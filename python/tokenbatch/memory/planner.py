@@ -169,8 +169,9 @@ def plan_layouts(
     (gradient accumulation making up ``global_batch_tokens``, a multiple of ``seq_len``);
     ranks them by the step-time model of :mod:`tokenbatch.memory.steptime` and keeps
     those within ``usable_fraction`` of ``gpu_memory`` (the memory of a candidate is
-    estimated only when it could be among those returned), all in the Rust core. ``hardware`` is a preset name (``"h100"``,
-    ``"h800"``, ``"h200"``, ``"a100"``, ``"mi300x"``; see
+    estimated only when it could be among those returned), all in the Rust core.
+    ``hardware`` is a preset name (``"h100"``, ``"h800"``, ``"h200"``, ``"a100"``,
+    ``"mi300x"``; see
     :data:`~tokenbatch.memory.hardware.HARDWARE`) or a :class:`Hardware`; ``gpu_memory``,
     ``gpus_per_node``, ``peak_flops`` and the bandwidths (bytes/s, one direction, per GPU)
     override its figures. ``compute_efficiency`` is the fraction of the peak that large

@@ -95,7 +95,7 @@ __all__ = ["TIME_PARTS", "step_time"]
 
 _F64 = npt.NDArray[np.float64]
 
-_, _, _TIME_PARTS, _CANDIDATE_FIELDS = _core.planner_names()
+_TIME_PARTS, _CANDIDATE_FIELDS = _core.planner_names()[2:]
 
 #: The parts of a step's time, in the order :func:`step_time` reports them.
 TIME_PARTS: tuple[str, ...] = tuple(_TIME_PARTS)
@@ -134,7 +134,9 @@ def step_time(
     model's 0.2 unless given). Also returns ``total`` and ``model_flops`` (per step, for
     MFU). The model runs in the Rust core, on all cores.
     """
-    columns = [np.ascontiguousarray(c[name], dtype=np.float64).reshape(-1) for name in _CANDIDATE_FIELDS]
+    columns = [
+        np.ascontiguousarray(c[name], dtype=np.float64).reshape(-1) for name in _CANDIDATE_FIELDS
+    ]
     times: dict[str, _F64] = _core.planner_step_time(
         spec,
         columns,

@@ -9,8 +9,13 @@ from typing import Any
 
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.memory import ModelSpec, PlannedLayout, estimate_memory, max_micro_batch_tokens
-from tokenbatch.memory import plan_layouts
+from tokenbatch.memory import (
+    ModelSpec,
+    PlannedLayout,
+    estimate_memory,
+    max_micro_batch_tokens,
+    plan_layouts,
+)
 from tokenbatch.scaling.batch_law import BatchLaw
 from tokenbatch.scaling.published import (
     LAWS,
