@@ -5,9 +5,6 @@
 //! 32-way, micro-batches hold at most 64 sequences and ZeRO-2 and -3 are not combined
 //! with pipeline parallelism (Megatron-LM and DeepSpeed do not support it).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::memory::layout::Recompute;
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::ModelSpec;
@@ -69,6 +66,8 @@ pub struct Row {
     pub split: usize,
     /// Indexes the search's [`LayerKey`]s.
     pub layer: usize,
+    /// Indexes the search's data-parallel groups.
+    pub group: usize,
 }
 
 /// What a search enumerates over.
@@ -174,58 +173,57 @@ pub fn balanced_split(spec: &ModelSpec, pp: u64, vpp: u64, end_cost: f64) -> Opt
     best.map(|(_, split)| split)
 }
 
-/// A multiplicative hash of words: the keys of [`LayerKeys`] are counts, which need no
-/// protection from collisions chosen by an adversary.
-#[derive(Default)]
-struct WordHasher(u64);
-
-impl Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_usize(&mut self, word: usize) {
-        self.write_u64(word as u64);
-    }
-}
-
-/// The distinct [`LayerKey`]s of a search, each numbered once.
-#[derive(Default)]
+/// The distinct [`LayerKey`]s of a search, each numbered once: for each `(tp, cp)`, a
+/// table of their numbers by micro-batch, expert parallelism (its place among the
+/// divisors of the GPUs) and mode.
 struct LayerKeys {
-    index: HashMap<(u64, u64, u64, u64, usize), usize, BuildHasherDefault<WordHasher>>,
+    divisors: Vec<u64>,
+    modes: Vec<Recompute>,
+    tables: Vec<((u64, u64), Vec<usize>)>,
     keys: Vec<LayerKey>,
 }
 
 impl LayerKeys {
-    /// The number of the key of tensor, context and expert parallelism `tp`, `cp`, `ep`,
-    /// `micro_batch` sequences and mode `mode` (the `mode`-th of the search's).
-    fn number(
-        &mut self,
-        (tp, cp, ep, micro_batch): (u64, u64, u64, u64),
-        mode: (usize, Recompute),
-    ) -> usize {
-        let keys = &mut self.keys;
-        let key = (tp, cp, ep, micro_batch, mode.0);
-        *self.index.entry(key).or_insert_with(|| {
-            keys.push(LayerKey {
-                tp: tp as f64,
-                cp: cp as f64,
-                ep: ep as f64,
-                micro_batch: micro_batch as f64,
-                recompute: mode.1.code(),
-            });
-            keys.len() - 1
-        })
+    fn new(num_gpus: u64, modes: &[Recompute]) -> Self {
+        LayerKeys {
+            divisors: divisors(num_gpus),
+            modes: modes.to_vec(),
+            tables: Vec::new(),
+            keys: Vec::new(),
+        }
+    }
+
+    /// The table of `(tp, cp)`.
+    fn table(&mut self, tp: u64, cp: u64) -> usize {
+        if let Some(t) = self.tables.iter().position(|(key, _)| *key == (tp, cp)) {
+            return t;
+        }
+        let size = (MAX_MICRO_BATCH as usize + 1) * self.divisors.len() * self.modes.len();
+        self.tables.push(((tp, cp), vec![usize::MAX; size]));
+        self.tables.len() - 1
+    }
+
+    /// The numbers of the keys of `micro_batch` and `ep` in table `t`, mode by mode.
+    fn numbers(&mut self, t: usize, micro_batch: u64, ep: u64) -> Vec<(usize, Recompute)> {
+        let ((tp, cp), _) = self.tables[t];
+        let place = self.divisors.binary_search(&ep).unwrap_or(0);
+        let first = (micro_batch as usize * self.divisors.len() + place) * self.modes.len();
+        let mut numbers = Vec::with_capacity(self.modes.len());
+        for (mode, &recompute) in self.modes.iter().enumerate() {
+            let slot = &mut self.tables[t].1[first + mode];
+            if *slot == usize::MAX {
+                *slot = self.keys.len();
+                self.keys.push(LayerKey {
+                    tp: tp as f64,
+                    cp: cp as f64,
+                    ep: ep as f64,
+                    micro_batch: micro_batch as f64,
+                    recompute: recompute.code(),
+                });
+            }
+            numbers.push((*slot, recompute));
+        }
+        numbers
     }
 }
 
@@ -236,13 +234,16 @@ pub struct Candidates {
     pub rows: Vec<Row>,
     pub splits: Vec<Split>,
     pub layers: Vec<LayerKey>,
+    /// The data-parallel groups of the rows: `(dp, tp, cp, ep)`.
+    pub groups: Vec<(u64, u64, u64, u64)>,
 }
 
 /// Every candidate within the bounds.
 pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
     let mut rows = Vec::new();
     let mut splits: Vec<Split> = Vec::new();
-    let mut layers = LayerKeys::default();
+    let mut layers = LayerKeys::new(b.num_gpus, &b.modes);
+    let mut groups = Vec::new();
     // The split depends on (pp, vpp) only: found once for every tp.
     let mut found: Vec<((u64, u64), Option<usize>)> = Vec::new();
     let end = end_cost(spec);
@@ -294,6 +295,9 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
                         &[0, 1, 2, 3]
                     };
                     let per_rank = b.sequences / dp;
+                    let table = layers.table(tp, cp);
+                    let first_group = groups.len();
+                    groups.extend(eps.iter().map(|&ep| (dp, tp, cp, ep)));
                     for micro_batch in divisors(per_rank) {
                         if micro_batch > MAX_MICRO_BATCH {
                             break;
@@ -302,14 +306,9 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
                         if vpp > 1 && steps % pp != 0 {
                             continue;
                         }
-                        for &ep in &eps {
-                            let numbered: Vec<(usize, Recompute)> = (b.modes.iter())
-                                .enumerate()
-                                .map(|(mode, &recompute)| {
-                                    let key = (tp, cp, ep, micro_batch);
-                                    (layers.number(key, (mode, recompute)), recompute)
-                                })
-                                .collect();
+                        for (e, &ep) in eps.iter().enumerate() {
+                            let numbered = layers.numbers(table, micro_batch, ep);
+                            let group = first_group + e;
                             for &zero in zeros {
                                 for &(layer, recompute) in &numbered {
                                     rows.push(Row {
@@ -325,6 +324,7 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
                                         steps,
                                         split,
                                         layer,
+                                        group,
                                     });
                                 }
                             }
@@ -338,5 +338,6 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
         rows,
         splits,
         layers: layers.keys,
+        groups,
     }
 }

@@ -32,7 +32,8 @@ pub use hardware::{Hardware, HARDWARE_FIGURES, HARDWARE_PRESETS};
 pub use layer_time::{LayerKey, LayerTerms};
 pub use options::recompute_modes;
 pub use step_time::{
-    Candidate, Constants, SpecTerms, StepTime, CANDIDATE_FIELDS, OVERLAP_TAX, TIME_PARTS,
+    Candidate, Constants, DataGroups, SpecTerms, StepTime, CANDIDATE_FIELDS, OVERLAP_TAX,
+    TIME_PARTS,
 };
 
 /// What to plan: the cluster, the batch and the options of the memory estimate.
@@ -200,9 +201,13 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
         .par_iter()
         .map(|key| layer_time::layer_terms(&terms, key, hw, seq, options, constants))
         .collect();
+    let groups: Vec<DataGroups> = (found.groups.iter())
+        .map(|&(dp, tp, cp, ep)| DataGroups::new((dp as f64, tp as f64, cp as f64, ep as f64), hw))
+        .collect();
     let time = |x: &Row| {
         let c = candidate(x, &found.splits[x.split]);
-        step_time::finish(&terms, &c, &layers[x.layer], hw, seq, options, constants)
+        let shared = (&layers[x.layer], &groups[x.group]);
+        step_time::finish(&terms, &c, shared, hw, seq, options, constants)
     };
     let totals: Vec<f64> = found.rows.par_iter().map(|x| time(x).total).collect();
     let ranked = rank(spec, r, &found, &totals, usable * hw.memory, top)?;

@@ -235,8 +235,54 @@ pub(super) fn on_node(stride: f64, hw: &Hardware) -> f64 {
 /// A ring all-gather or reduce-scatter of `bytes` per rank over `group` ranks that are
 /// `stride` apart: NCCL's latency plus the bandwidth term.
 pub(super) fn ring(bytes: f64, group: f64, stride: f64, hw: &Hardware) -> f64 {
-    steps_latency(group, on_node(stride, hw))
-        + (group - 1.0) / group * bytes / group_bandwidth(group, stride, hw)
+    Ring::new(group, stride, hw).time(bytes)
+}
+
+/// What a ring collective's time takes of its group: its latency, the share of the bytes
+/// each rank sends, `(group - 1) / group`, and its bandwidth.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Ring {
+    latency: f64,
+    share: f64,
+    bandwidth: f64,
+}
+
+impl Ring {
+    /// A group of `group` ranks `stride` apart.
+    pub fn new(group: f64, stride: f64, hw: &Hardware) -> Self {
+        Ring {
+            latency: steps_latency(group, on_node(stride, hw)),
+            share: (group - 1.0) / group,
+            bandwidth: group_bandwidth(group, stride, hw),
+        }
+    }
+
+    /// Seconds to all-gather or reduce-scatter `bytes` per rank.
+    pub fn time(&self, bytes: f64) -> f64 {
+        self.latency + self.share * bytes / self.bandwidth
+    }
+}
+
+/// The rings of a candidate's data-parallel groups: `dp x cp` ranks `tp` apart for the
+/// dense weights, `dp x cp / ep` ranks `tp x ep` apart for the experts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DataGroups {
+    dense: Ring,
+    experts: Ring,
+}
+
+impl DataGroups {
+    /// The groups of data, tensor, context and expert parallelism `dp`, `tp`, `cp`, `ep`.
+    pub fn new((dp, tp, cp, ep): (f64, f64, f64, f64), hw: &Hardware) -> Self {
+        DataGroups {
+            dense: Ring::new(dp * cp, tp, hw),
+            experts: Ring::new(dp * cp / ep, tp * ep, hw),
+        }
+    }
+
+    pub fn of(c: &Candidate, hw: &Hardware) -> Self {
+        Self::new((c.dp, c.tp, c.cp, c.ep), hw)
+    }
 }
 
 /// The seconds per step of `c`, with `inputs` the memory estimate's fields (dtypes,
@@ -250,16 +296,17 @@ pub fn step_time(
     k: &Constants,
 ) -> StepTime {
     let layer = layer_terms(terms, &LayerKey::of(c), hw, seq_len, inputs, k);
-    finish(terms, c, &layer, hw, seq_len, inputs, k)
+    let groups = DataGroups::of(c, hw);
+    finish(terms, c, (&layer, &groups), hw, seq_len, inputs, k)
 }
 
-/// The seconds per step of `c` from the terms of its layers (`layer`, those of
-/// [`LayerKey::of`]`(c)`): the slowest pipeline stage, its communication, the bubble,
-/// data parallelism and the optimizer step.
+/// The seconds per step of `c` from the terms of its layers and of its data-parallel
+/// groups (those of [`LayerKey::of`]`(c)` and [`DataGroups::of`]`(c)`): the slowest
+/// pipeline stage, its communication, the bubble, data parallelism and the optimizer step.
 pub fn finish(
     terms: &SpecTerms,
     c: &Candidate,
-    layer: &LayerTerms,
+    (layer, groups): (&LayerTerms, &DataGroups),
     hw: &Hardware,
     seq_len: f64,
     inputs: &Layout,
@@ -315,7 +362,7 @@ pub fn finish(
     let expert_weights = stage_layers * l.moe_share * terms.moe_row[3] / (ep * tp);
     let dp_comm = data_parallel(
         c,
-        hw,
+        groups,
         k,
         (dense_weights, expert_weights),
         micro_batch_time,
@@ -369,21 +416,19 @@ pub fn finish(
 /// the stage's dense and expert weights, `bytes` the gradient and weight bytes of each.
 fn data_parallel(
     c: &Candidate,
-    hw: &Hardware,
+    groups: &DataGroups,
     k: &Constants,
     (dense_weights, expert_weights): (f64, f64),
     micro_batch_time: f64,
     (grad_bytes, param_bytes): (f64, f64),
 ) -> f64 {
-    let (tp, ep, m) = (c.tp, c.ep, c.grad_accum_steps);
+    let m = c.grad_accum_steps;
     let forward = micro_batch_time / 3.0;
     let backward = micro_batch_time - forward;
     // The dense weights' and the experts' collectives share the same compute to hide
     // behind.
-    let (dense_group, expert_group) = (c.dp * c.cp, c.dp * c.cp / ep);
     let collective = |bytes: f64| {
-        ring(dense_weights * bytes, dense_group, tp, hw)
-            + ring(expert_weights * bytes, expert_group, tp * ep, hw)
+        groups.dense.time(dense_weights * bytes) + groups.experts.time(expert_weights * bytes)
     };
     let reduce = collective(grad_bytes);
     let gather = collective(param_bytes);

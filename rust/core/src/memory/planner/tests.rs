@@ -270,7 +270,8 @@ proptest! {
         let terms = SpecTerms::new(&spec);
         let options = Layout::default();
         let layer = layer_time::layer_terms(&terms, &LayerKey::of(&c), &h100(), 4096.0, &options, &k);
-        let once = step_time::finish(&terms, &c, &layer, &h100(), 4096.0, &options, &k);
+        let groups = DataGroups::of(&c, &h100());
+        let once = step_time::finish(&terms, &c, (&layer, &groups), &h100(), 4096.0, &options, &k);
         prop_assert_eq!(once, step_time::step_time(&terms, &c, &h100(), 4096.0, &options, &k));
     }
 }
