@@ -203,12 +203,18 @@ impl LayerKeys {
         self.tables.len() - 1
     }
 
-    /// The numbers of the keys of `micro_batch` and `ep` in table `t`, mode by mode.
-    fn numbers(&mut self, t: usize, micro_batch: u64, ep: u64) -> Vec<(usize, Recompute)> {
+    /// The numbers of the keys of `micro_batch` and `ep` in table `t`, mode by mode, in
+    /// `numbers`.
+    fn numbers(
+        &mut self,
+        t: usize,
+        (micro_batch, ep): (u64, u64),
+        numbers: &mut Vec<(usize, Recompute)>,
+    ) {
         let ((tp, cp), _) = self.tables[t];
         let place = self.divisors.binary_search(&ep).unwrap_or(0);
         let first = (micro_batch as usize * self.divisors.len() + place) * self.modes.len();
-        let mut numbers = Vec::with_capacity(self.modes.len());
+        numbers.clear();
         for (mode, &recompute) in self.modes.iter().enumerate() {
             let slot = &mut self.tables[t].1[first + mode];
             if *slot == usize::MAX {
@@ -223,7 +229,6 @@ impl LayerKeys {
             }
             numbers.push((*slot, recompute));
         }
-        numbers
     }
 }
 
@@ -244,6 +249,7 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
     let mut splits: Vec<Split> = Vec::new();
     let mut layers = LayerKeys::new(b.num_gpus, &b.modes);
     let mut groups = Vec::new();
+    let mut numbered = Vec::new();
     // The split depends on (pp, vpp) only: found once for every tp.
     let mut found: Vec<((u64, u64), Option<usize>)> = Vec::new();
     let end = end_cost(spec);
@@ -307,7 +313,7 @@ pub fn candidates(spec: &ModelSpec, b: &Bounds) -> Candidates {
                             continue;
                         }
                         for (e, &ep) in eps.iter().enumerate() {
-                            let numbered = layers.numbers(table, micro_batch, ep);
+                            layers.numbers(table, (micro_batch, ep), &mut numbered);
                             let group = first_group + e;
                             for &zero in zeros {
                                 for &(layer, recompute) in &numbered {

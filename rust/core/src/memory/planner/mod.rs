@@ -16,6 +16,7 @@ pub mod step_time;
 #[cfg(test)]
 mod tests;
 
+use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 
 use rayon::prelude::*;
@@ -243,24 +244,13 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
     Ok(plan)
 }
 
-/// A candidate's place in the ranking: by step time, then by the order of the search
-/// (memory breaks ties of time once it is known).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Ranked(f64, usize);
-
-impl Eq for Ranked {}
-
-impl PartialOrd for Ranked {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Ranked {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        // Reversed: the heap pops the fastest first.
-        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
-    }
+/// A candidate's place in the ranking, as one integer whose order is that of its step
+/// time, then of the search (memory breaks ties of time once it is known): the time's
+/// bits in the order of [`f64::total_cmp`] above the candidate's index.
+fn rank_key(time: f64, index: usize) -> Reverse<u128> {
+    let bits = time.to_bits() as i64;
+    let ordered = (bits ^ (((bits >> 63) as u64) >> 1) as i64) as u64 ^ (1 << 63);
+    Reverse(u128::from(ordered) << 64 | index as u128)
 }
 
 /// The candidates that fit in `limit` bytes, fastest first (ties: less memory, then the
@@ -281,10 +271,11 @@ fn rank<S: AsRef<str>>(
         let x = &found.rows[i];
         (x.dp, x.tp, x.pp, x.cp, x.ep)
     };
-    let mut heap: BinaryHeap<Ranked> = totals
+    // A min-heap: the fastest first.
+    let mut heap: BinaryHeap<Reverse<u128>> = totals
         .iter()
         .enumerate()
-        .map(|(i, &total)| Ranked(total, i))
+        .map(|(i, &total)| rank_key(total, i))
         .collect();
     let mut seen = HashSet::new();
     let mut ranked = Vec::new();
@@ -294,13 +285,12 @@ fn rank<S: AsRef<str>>(
         // The next candidates whose layout is not taken, ending with a whole group of
         // equal times (memory orders a group).
         let mut batch: Vec<usize> = Vec::new();
-        while let Some(Ranked(time, i)) = heap.pop() {
+        while let Some(Reverse(rank)) = heap.pop() {
+            let i = rank as u64 as usize;
             if !(r.distinct && seen.contains(&key(i))) {
                 batch.push(i);
             }
-            let group_ends = heap
-                .peek()
-                .is_none_or(|next| next.0.to_bits() != time.to_bits());
+            let group_ends = heap.peek().is_none_or(|next| next.0 >> 64 != rank >> 64);
             if batch.len() >= batch_size && group_ends {
                 break;
             }
@@ -365,23 +355,30 @@ pub fn step_times(
         .collect())
 }
 
+/// A count of the search as an `f64`. Every count is below 2^63 (the GPUs and sequences
+/// arrive as `i64`), where the signed conversion, one instruction, is exact as the
+/// unsigned one is.
+fn float(n: u64) -> f64 {
+    n as i64 as f64
+}
+
 /// The step-time model's view of a candidate.
 fn candidate(x: &Row, split: &Split) -> Candidate {
     let (first, middle, last) = split.first_middle_last;
     Candidate {
-        dp: x.dp as f64,
-        tp: x.tp as f64,
-        pp: x.pp as f64,
-        cp: x.cp as f64,
-        ep: x.ep as f64,
-        vpp: x.vpp as f64,
-        zero: x.zero as f64,
+        dp: float(x.dp),
+        tp: float(x.tp),
+        pp: float(x.pp),
+        cp: float(x.cp),
+        ep: float(x.ep),
+        vpp: float(x.vpp),
+        zero: float(x.zero),
         recompute: x.recompute.code(),
-        micro_batch: x.micro_batch as f64,
-        grad_accum_steps: x.steps as f64,
-        first_layers: first as f64,
-        middle_layers: middle as f64,
-        last_layers: last as f64,
+        micro_batch: float(x.micro_batch),
+        grad_accum_steps: float(x.steps),
+        first_layers: float(first),
+        middle_layers: float(middle),
+        last_layers: float(last),
     }
 }
 
