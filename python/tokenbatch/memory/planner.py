@@ -164,7 +164,7 @@ def plan_layouts(
 ) -> list[PlannedLayout]:
     """Layouts of ``num_gpus`` GPUs that fit in memory, fastest first.
 
-    Enumerates ``dp``, ``tp``, ``pp`` (with ``vpp`` 1, 2 or 4 and the ``"auto"`` split of
+    Enumerates ``dp``, ``tp``, ``pp`` (with ``vpp`` 1, 2, 4 or 8 and a balanced split of
     uneven layers), ``cp``, ``ep``, ZeRO stage, recomputation and the micro-batch size
     (gradient accumulation making up ``global_batch_tokens``, a multiple of ``seq_len``);
     ranks them by the step-time model of :mod:`tokenbatch.memory.steptime` and keeps

@@ -169,12 +169,12 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
     let num_gpus = at_least(r.num_gpus, 1, "num_gpus")?;
     let seq_len = at_least(r.seq_len, 1, "seq_len")?;
     let global_batch_tokens = at_least(r.global_batch_tokens, 1, "global_batch_tokens")?;
-    let efficiency = hardware::positive("compute_efficiency", r.constants.efficiency)?;
+    r.constants.check()?;
     let usable = hardware::positive("usable_fraction", r.usable_fraction)?;
-    if efficiency > 1.0 || usable > 1.0 {
-        return Err(Error::invalid(
-            "compute_efficiency and usable_fraction must be at most 1",
-        ));
+    if usable > 1.0 {
+        return Err(Error::invalid(format!(
+            "usable_fraction must be at most 1, got {usable}"
+        )));
     }
     if global_batch_tokens % seq_len != 0 {
         return Err(Error::invalid(format!(
@@ -182,7 +182,6 @@ pub fn plan_layouts<S: AsRef<str>>(spec: &ModelSpec, r: &Request<'_, S>) -> Resu
         )));
     }
     let top = r.top.map(|top| at_least(top, 1, "top")).transpose()?;
-    r.constants.check()?;
     let bounds = Bounds {
         num_gpus,
         seq_len,

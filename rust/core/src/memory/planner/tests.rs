@@ -279,7 +279,11 @@ proptest! {
 #[test]
 fn rank_keys_order_by_time_then_by_index() {
     let times = [f64::NAN, 2.5, -1.0, 0.0, 1e-300, 2.5, f64::INFINITY];
-    let mut keys: Vec<_> = times.iter().enumerate().map(|(i, &t)| rank_key(t, i)).collect();
+    let mut keys: Vec<_> = times
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| rank_key(t, i))
+        .collect();
     keys.sort_by(|a, b| b.cmp(a));
     let order: Vec<usize> = keys.iter().map(|k| k.0 as u64 as usize).collect();
     assert_eq!(order, vec![2, 3, 4, 1, 5, 6, 0]);
