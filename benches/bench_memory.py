@@ -17,7 +17,7 @@ from tokenbatch import (
     estimate_memory,
     estimate_memory_grid,
     max_micro_batch_tokens,
-    plan,
+    plan_layouts,
 )
 
 SPEC = ModelSpec.preset("llama-3.1-70b")
@@ -92,7 +92,7 @@ def test_python_loop_thousand(benchmark: Any) -> None:
 
 def test_plan_512_gpus(benchmark: Any) -> None:
     layouts = benchmark(
-        plan,
+        plan_layouts,
         SPEC,
         num_gpus=512,
         gpu_memory=80e9,
@@ -118,7 +118,7 @@ def test_plan_llama_405b_16384_h100(benchmark: Any) -> None:
     # Llama 3.1 405B's published conditions (Dubey et al. 2024, table 4).
     spec = ModelSpec.preset("llama-3.1-405b").replace(implementation="fused")
     layouts = benchmark(
-        plan,
+        plan_layouts,
         spec,
         num_gpus=16_384,
         seq_len=8192,
@@ -135,7 +135,7 @@ def test_plan_deepseek_v3_2048_h800(benchmark: Any) -> None:
     # DeepSeek-V3's published conditions (DeepSeek-AI 2024, section 3).
     spec = ModelSpec.preset("deepseek-v3").replace(implementation="fused", mtp_layers=1)
     layouts = benchmark(
-        plan,
+        plan_layouts,
         spec,
         num_gpus=2048,
         seq_len=4096,

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenbatch import ModelSpec, plan
+from tokenbatch import ModelSpec, plan_layouts
 from tokenbatch.memory import HARDWARE, PlannedLayout
 from tokenbatch.memory.estimate import scalar_inputs
 from tokenbatch.memory.recompute import RecomputeNames
@@ -97,7 +97,7 @@ class Run:
     def candidates(self) -> list[PlannedLayout]:
         """Every candidate of the published layout that fits, fastest first."""
         modes = [self.recompute] if self.recompute != "unknown" else ["none", "selective", "full"]
-        layouts = plan(
+        layouts = plan_layouts(
             self.spec,
             num_gpus=self.num_gpus,
             seq_len=self.seq_len,

@@ -26,7 +26,7 @@ from tokenbatch import (
     estimate_memory,
     estimate_memory_grid,
     max_micro_batch_tokens,
-    plan,
+    plan_layouts,
 )
 from tokenbatch.cli import main
 from tokenbatch.memory import RECOMPUTE_MODES, RECOMPUTE_MODULES, estimate_memory_stages
@@ -177,7 +177,7 @@ def test_plan_communication_follows_activation_dtype() -> None:
     def tp_comm(**options: Any) -> dict[tuple[int, ...], float]:
         return {
             (x.dp, x.tp, x.pp, x.zero, x.micro_batch): x.time_parts["tp_comm"]
-            for x in plan(spec, **common, **options)
+            for x in plan_layouts(spec, **common, **options)
             if x.tp > 1 and x.recompute == "full"
         }
 
@@ -736,17 +736,17 @@ def test_valid_cells_are_finite_over_huge_inputs(
 
 def test_plan_says_why_when_an_option_leaves_no_valid_layout() -> None:
     kwargs: dict[str, Any] = {"num_gpus": 32, "seq_len": 4096, "global_batch_tokens": 4096 * 64}
-    assert plan(MIXTRAL, moe_capacity_factor=1.25, **kwargs)
+    assert plan_layouts(MIXTRAL, moe_capacity_factor=1.25, **kwargs)
     # Every layout's estimate overflows: the overflow error, not an empty plan.
     with pytest.raises(TokenBatchOverflowError, match=f"^{OVERFLOW}.*moe_capacity_factor=1e"):
-        plan(MIXTRAL, moe_capacity_factor=1e308, **kwargs)
+        plan_layouts(MIXTRAL, moe_capacity_factor=1e308, **kwargs)
     # An option that no layout makes valid is named with its value.
     with pytest.raises(InvalidValueError, match=r"fused_swiglu must be a boolean.*=0\.5"):
-        plan(LLAMA_8B, fused_swiglu=0.5, **kwargs)
+        plan_layouts(LLAMA_8B, fused_swiglu=0.5, **kwargs)
     with pytest.raises(InvalidValueError, match=r"overhead_bytes.*overhead_bytes=-1"):
-        plan(LLAMA_8B, overhead_bytes=-1, **kwargs)
+        plan_layouts(LLAMA_8B, overhead_bytes=-1, **kwargs)
     # A model that fits nowhere is still an empty plan, not an error.
-    assert plan(LLAMA_8B, gpu_memory=1e9, **kwargs) == []
+    assert plan_layouts(LLAMA_8B, gpu_memory=1e9, **kwargs) == []
 
 
 @pytest.mark.parametrize("name", ["master_weights", "fp32_grad_accum"])
@@ -817,7 +817,7 @@ def test_context_parallel_padding_matches_the_packed_layout() -> None:
 
 
 def test_plan_ranks_plain_data_parallelism_first_for_a_small_model() -> None:
-    layouts = plan(
+    layouts = plan_layouts(
         ModelSpec.preset("llama-3.2-1b"),
         num_gpus=8,
         gpu_memory=80e9,
@@ -835,7 +835,7 @@ def test_plan_ranks_plain_data_parallelism_first_for_a_small_model() -> None:
 
 def test_plan_shards_a_big_model_and_keeps_tensor_parallel_in_the_node() -> None:
     spec = ModelSpec.preset("llama-3.1-70b")
-    layouts = plan(
+    layouts = plan_layouts(
         spec, num_gpus=64, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192 * 512, top=None
     )
     assert layouts
@@ -844,9 +844,12 @@ def test_plan_shards_a_big_model_and_keeps_tensor_parallel_in_the_node() -> None
     assert best.tp * best.pp > 1 or best.zero == 3
     check = estimate_memory(spec, seq_len=8192, **best.layout())
     assert check.total == best.memory
-    assert plan(spec, num_gpus=1, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192) == []
+    assert (
+        plan_layouts(spec, num_gpus=1, gpu_memory=80e9, seq_len=8192, global_batch_tokens=8192)
+        == []
+    )
     with pytest.raises(InvalidValueError, match="multiple of seq_len"):
-        plan(spec, num_gpus=8, gpu_memory=80e9, seq_len=8192, global_batch_tokens=1000)
+        plan_layouts(spec, num_gpus=8, gpu_memory=80e9, seq_len=8192, global_batch_tokens=1000)
 
 
 def test_cli_memory_and_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -994,7 +997,7 @@ def test_cli_memory_takes_explicit_pipeline_stages(
         estimate_memory(spec, seq_len=8192, **layout_options)
     # The planner chooses the stages itself.
     with pytest.raises(InvalidTypeError, match="plan chooses"):
-        plan(spec, num_gpus=8, seq_len=8192, global_batch_tokens=8192 * 8, **options)
+        plan_layouts(spec, num_gpus=8, seq_len=8192, global_batch_tokens=8192 * 8, **options)
 
 
 def test_public_names() -> None:
@@ -1004,7 +1007,7 @@ def test_public_names() -> None:
         "estimate_memory",
         "estimate_memory_grid",
         "max_micro_batch_tokens",
-        "plan",
+        "plan_layouts",
         "profile",
     ):
         assert name in tokenbatch.__all__

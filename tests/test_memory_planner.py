@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tokenbatch import InvalidTypeError, InvalidValueError, ModelSpec, estimate_memory, plan
+from tokenbatch import InvalidTypeError, InvalidValueError, ModelSpec, estimate_memory, plan_layouts
 from tokenbatch.memory import HARDWARE, Hardware, PlannedLayout
 
 DEEPSEEK = ModelSpec.preset("deepseek-v3").replace(implementation="fused", mtp_layers=1)
@@ -40,7 +40,7 @@ def _deepseek_plan(**overrides: Any) -> list[PlannedLayout]:
         "deduplicated_dispatch": True,
         "top": None,
     }
-    return plan(DEEPSEEK, **{**options, **overrides})
+    return plan_layouts(DEEPSEEK, **{**options, **overrides})
 
 
 def test_deepseek_v3_published_layout_ranks_in_the_top_five() -> None:
@@ -79,7 +79,7 @@ def test_deepseek_v3_with_its_own_recomputation_ranks_the_published_layout_first
 
 
 def _llama_plan(seq_len: int) -> list[PlannedLayout]:
-    return plan(
+    return plan_layouts(
         LLAMA,
         num_gpus=16_384,
         seq_len=seq_len,
@@ -130,7 +130,7 @@ def test_more_bandwidth_or_flops_never_slows_a_layout() -> None:
     def times(**hardware: Any) -> dict[tuple[Any, ...], float]:
         return {
             (x.dp, x.tp, x.pp, x.vpp, x.cp, x.ep, x.zero, x.recompute, x.micro_batch): x.step_time
-            for x in plan(spec, hardware=HARDWARE["h100"].replace(**hardware), **common)
+            for x in plan_layouts(spec, hardware=HARDWARE["h100"].replace(**hardware), **common)
         }
 
     base = times()
@@ -151,23 +151,23 @@ def test_hardware_presets_and_overrides() -> None:
     assert Hardware.preset("H800").intra_node_bandwidth < HARDWARE["h100"].intra_node_bandwidth
     small = ModelSpec.preset("llama-3.2-1b")
     kwargs: dict[str, Any] = {"num_gpus": 8, "seq_len": 4096, "global_batch_tokens": 4096 * 64}
-    a100 = plan(small, hardware="a100", **kwargs)[0]
-    h100 = plan(small, hardware="h100", **kwargs)[0]
+    a100 = plan_layouts(small, hardware="a100", **kwargs)[0]
+    h100 = plan_layouts(small, hardware="h100", **kwargs)[0]
     assert a100.step_time > h100.step_time
     assert a100.hardware == "a100"
     custom = HARDWARE["h100"].replace(name="h100-200g", inter_node_bandwidth=25e9)
-    assert plan(small, hardware=custom, **kwargs)[0].hardware == "h100-200g"
-    assert plan(small, gpu_memory=1e9, **kwargs) == []
+    assert plan_layouts(small, hardware=custom, **kwargs)[0].hardware == "h100-200g"
+    assert plan_layouts(small, gpu_memory=1e9, **kwargs) == []
     with pytest.raises(InvalidValueError, match="unknown hardware"):
-        plan(small, hardware="tpu", **kwargs)
+        plan_layouts(small, hardware="tpu", **kwargs)
     with pytest.raises(InvalidTypeError, match="hardware"):
-        plan(small, hardware=3, **kwargs)  # type: ignore[arg-type]
+        plan_layouts(small, hardware=3, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="inter_node_bandwidth"):
-        plan(small, inter_node_bandwidth=-1, **kwargs)
+        plan_layouts(small, inter_node_bandwidth=-1, **kwargs)
     with pytest.raises(InvalidValueError, match="memory_bandwidth"):
         HARDWARE["h100"].replace(memory_bandwidth=0)
     with pytest.raises(InvalidTypeError, match="plan chooses"):
-        plan(small, vpp=2, **kwargs)
+        plan_layouts(small, vpp=2, **kwargs)
 
 
 def test_recompute_names_the_modes_the_planner_considers() -> None:
@@ -180,9 +180,9 @@ def test_recompute_names_the_modes_the_planner_considers() -> None:
         "distinct": False,
         "top": None,
     }
-    default = plan(spec, **kwargs)
+    default = plan_layouts(spec, **kwargs)
     assert {x.recompute for x in default} == {"none", "selective", "full"}
-    megatron = plan(spec, recompute=["none", "core_attn", "full"], **kwargs)
+    megatron = plan_layouts(spec, recompute=["none", "core_attn", "full"], **kwargs)
     assert {x.recompute for x in megatron} == {"none", "core_attn", "full"}
 
     # Megatron-Core's default keeps more than `selective` at the same time cost: a layout
@@ -192,8 +192,8 @@ def test_recompute_names_the_modes_the_planner_considers() -> None:
             tuple(v for k, v in sorted(x.layout().items()) if k != "recompute"): x for x in layouts
         }
 
-    selective = by_layout(plan(spec, recompute="selective", **kwargs))
-    core_attn = by_layout(plan(spec, recompute="CORE_ATTN", **kwargs))
+    selective = by_layout(plan_layouts(spec, recompute="selective", **kwargs))
+    core_attn = by_layout(plan_layouts(spec, recompute="CORE_ATTN", **kwargs))
     assert len(core_attn) > 10
     assert set(core_attn) < set(selective)
     for key, layout in core_attn.items():
@@ -203,7 +203,7 @@ def test_recompute_names_the_modes_the_planner_considers() -> None:
         assert estimate_memory(spec, seq_len=8192, **layout.layout()).total == layout.memory
     # Megatron-Core's modules in sets, named in any order and case: `mlp` recomputed
     # too keeps less and costs the MLP's forward pass again.
-    with_mlp = by_layout(plan(spec, recompute="MLP+core_attn", **kwargs))
+    with_mlp = by_layout(plan_layouts(spec, recompute="MLP+core_attn", **kwargs))
     assert set(core_attn) <= set(with_mlp)
     for key, layout in core_attn.items():
         assert with_mlp[key].recompute == "core_attn+mlp"
@@ -213,13 +213,13 @@ def test_recompute_names_the_modes_the_planner_considers() -> None:
             with_mlp[key].memory
         )
     with pytest.raises(InvalidValueError, match="recompute modes must be none, selective, full"):
-        plan(spec, recompute=["none", "selctive"], **kwargs)
+        plan_layouts(spec, recompute=["none", "selctive"], **kwargs)
     with pytest.raises(InvalidValueError, match=r"joined with '\+', got 'mlp\+'"):
-        plan(spec, recompute="mlp+", **kwargs)
+        plan_layouts(spec, recompute="mlp+", **kwargs)
     with pytest.raises(InvalidValueError, match="at least one mode"):
-        plan(spec, recompute=[], **kwargs)
+        plan_layouts(spec, recompute=[], **kwargs)
     with pytest.raises(InvalidTypeError, match="recompute modes must be strings"):
-        plan(spec, recompute=[1], **kwargs)  # type: ignore[list-item]
+        plan_layouts(spec, recompute=[1], **kwargs)  # type: ignore[list-item]
     for not_names in (3, b"none"):
         with pytest.raises(InvalidTypeError, match="recompute must be a mode name"):
-            plan(spec, recompute=not_names, **kwargs)  # type: ignore[arg-type]
+            plan_layouts(spec, recompute=not_names, **kwargs)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from script_module import load_script
 
-from tokenbatch import ModelSpec, plan
+from tokenbatch import ModelSpec, plan_layouts
 from tokenbatch.memory import HARDWARE, PlannedLayout
 from tokenbatch.memory.estimate import scalar_inputs
 from tokenbatch.memory.steptime import TIME_PARTS, step_time
@@ -69,7 +69,7 @@ def test_the_generator_times_the_planners_candidates(generator: Any, rows: list[
 
 
 def _llama(num_gpus: int, **options: Any) -> list[PlannedLayout]:
-    layouts = plan(
+    layouts = plan_layouts(
         LLAMA,
         num_gpus=num_gpus,
         seq_len=8192,
@@ -106,7 +106,7 @@ def test_throughput_per_gpu_falls_when_micro_batches_run_short() -> None:
 
 
 def test_explain_lists_every_part_with_its_share() -> None:
-    layout = plan(
+    layout = plan_layouts(
         ModelSpec.preset("llama-3.1-8b").replace(implementation="fused"),
         num_gpus=64,
         seq_len=8192,
@@ -127,8 +127,8 @@ def test_explain_lists_every_part_with_its_share() -> None:
 def test_a_faster_memory_speeds_the_element_wise_parts() -> None:
     spec = ModelSpec.preset("llama-3.2-1b").replace(implementation="fused")
     kwargs: dict[str, Any] = {"num_gpus": 8, "seq_len": 4096, "global_batch_tokens": 4096 * 64}
-    slow = plan(spec, hardware="h100", **kwargs)[0]
-    fast = plan(spec, hardware="h200", **kwargs)[0]
+    slow = plan_layouts(spec, hardware="h100", **kwargs)[0]
+    fast = plan_layouts(spec, hardware="h200", **kwargs)[0]
     assert fast.time_parts["elementwise"] < slow.time_parts["elementwise"]
     assert fast.step_time < slow.step_time
 

@@ -25,7 +25,7 @@ from tokenbatch.memory import (
     estimate_memory,
     estimate_memory_grid,
     max_micro_batch_tokens,
-    plan,
+    plan_layouts,
     profile,
 )
 from tokenbatch.packing import Packing, batch_padded, pack, pack_costs
@@ -54,7 +54,7 @@ __all__ = [
     "max_micro_batch_tokens",
     "pack",
     "pack_costs",
-    "plan",
+    "plan_layouts",
     "profile",
     "scaling",
     "schedule",

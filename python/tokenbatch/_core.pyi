@@ -52,6 +52,10 @@ __all__ = [
     "pack",
     "pack_costs",
     "permutation",
+    "planner_check_hardware",
+    "planner_names",
+    "planner_plan",
+    "planner_step_time",
     "set_num_threads",
 ]
 
@@ -534,6 +538,46 @@ def memory_option_codes(option: str, text: npt.NDArray[np.uint32]) -> npt.NDArra
 def memory_option_choices(option: str) -> list[tuple[str, float]]: ...
 def memory_recompute_modules() -> list[tuple[str, int]]: ...
 def memory_recompute_name(code: float) -> str | None: ...
+
+# --- planner -------------------------------------------------------------------------
+
+#: A GPU's figures (in the order of ``planner_names()[1]``) and its GPUs per node.
+_Hardware = tuple[Sequence[float], int]
+#: Matmul efficiency, seconds per layer pass, overlap tax (the model's own when None).
+_Constants = tuple[float, float, float | None]
+
+def planner_names() -> tuple[
+    list[tuple[str, list[float], int]], list[str], list[str], list[str]
+]: ...
+def planner_check_hardware(figures: Sequence[float], gpus_per_node: int) -> None: ...
+def planner_plan(
+    spec: ModelSpec,
+    *,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    hardware: _Hardware,
+    overrides: tuple[float | None, float | None, float | None, float | None, int | None],
+    options: Sequence[float],
+    constants: _Constants,
+    overlap_ep_comm: bool,
+    deduplicated_dispatch: bool,
+    usable_fraction: float,
+    recompute: Sequence[str],
+    distinct: bool,
+    top: int | None,
+) -> dict[str, Any]: ...
+def planner_step_time(
+    spec: ModelSpec,
+    columns: Sequence[npt.NDArray[np.float64]],
+    *,
+    hardware: _Hardware,
+    seq_len: float,
+    options: Sequence[float],
+    constants: _Constants,
+    overlap_ep_comm: bool,
+    deduplicated_dispatch: bool,
+) -> dict[str, npt.NDArray[np.float64]]: ...
 
 # --- threads -------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from tokenbatch.memory.estimate import (
     estimate_memory,
 )
 from tokenbatch.memory.hardware import HARDWARE
-from tokenbatch.memory.planner import _DEFAULT_RECOMPUTE, plan
+from tokenbatch.memory.planner import _DEFAULT_RECOMPUTE, plan_layouts
 from tokenbatch.memory.recompute import RECOMPUTE_MODULES
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
@@ -344,7 +344,7 @@ def run_plan(args: argparse.Namespace) -> int:
     gpu_memory = hardware.memory if args.gpu_memory is None else args.gpu_memory
     sequences = max(1, round(args.global_batch_tokens / args.seq_len))  # --seq-len >= 1
     tokens = sequences * args.seq_len
-    layouts = plan(
+    layouts = plan_layouts(
         spec,
         num_gpus=args.gpus,
         gpu_memory=gpu_memory,

@@ -13,7 +13,7 @@ from tokenbatch.memory.estimate import (
     max_micro_batch_tokens,
 )
 from tokenbatch.memory.hardware import HARDWARE, Hardware
-from tokenbatch.memory.planner import PlannedLayout, plan
+from tokenbatch.memory.planner import PlannedLayout, plan_layouts
 from tokenbatch.memory.profiling import ProfileResult, master_weight_adamw, profile
 from tokenbatch.memory.recompute import RECOMPUTE_MODES, RECOMPUTE_MODULES
 from tokenbatch.memory.spec import PRESETS, ModelSpec
@@ -36,6 +36,6 @@ __all__ = [
     "estimate_memory_stages",
     "master_weight_adamw",
     "max_micro_batch_tokens",
-    "plan",
+    "plan_layouts",
     "profile",
 ]

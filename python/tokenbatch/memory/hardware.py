@@ -25,26 +25,16 @@ bytes per second, per GPU. Memory is the capacity the driver reports (``nvidia-s
 from __future__ import annotations
 
 import dataclasses
-import math
 
+from tokenbatch import _core
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["HARDWARE", "Hardware", "positive_number"]
+__all__ = ["HARDWARE", "HARDWARE_FIGURES", "Hardware"]
 
-_MIB = 1024 * 1024
+_PRESETS, _FIGURES = _core.planner_names()[:2]
 
-
-def positive_number(name: str, value: object) -> float:
-    """``value`` as a float if it is a finite positive number (not a bool), else an
-    :class:`~tokenbatch.errors.InvalidValueError` naming ``name``."""
-    if not (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    ):
-        raise InvalidValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+#: The figures of a :class:`Hardware`, in the order the core takes them.
+HARDWARE_FIGURES: tuple[str, ...] = tuple(_FIGURES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,19 +58,16 @@ class Hardware:
     gpus_per_node: int = 8
 
     def __post_init__(self) -> None:
-        for field in (
-            "peak_flops",
-            "fp8_flops",
-            "memory_bandwidth",
-            "intra_node_bandwidth",
-            "inter_node_bandwidth",
-            "memory",
-        ):
-            positive_number(field, getattr(self, field))
         if not isinstance(self.gpus_per_node, int) or isinstance(self.gpus_per_node, bool):
             raise InvalidTypeError(f"gpus_per_node must be an integer, got {self.gpus_per_node!r}")
-        if self.gpus_per_node < 1:
-            raise InvalidValueError(f"gpus_per_node must be positive, got {self.gpus_per_node}")
+        for name in HARDWARE_FIGURES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidTypeError(f"{name} must be a number, got {value!r}")
+        # The core checks the values, as it does for the planner's overrides.
+        _core.planner_check_hardware(
+            [float(getattr(self, name)) for name in HARDWARE_FIGURES], self.gpus_per_node
+        )
 
     def replace(self, **changes: float | int | str) -> Hardware:
         """A copy with some figures changed (validated again)."""
@@ -96,14 +83,9 @@ class Hardware:
             raise InvalidValueError(f"unknown hardware {name!r}; presets: {known}") from None
 
 
-#: Presets by name; sources in this module's docstring.
+#: Presets by name; sources in this module's docstring. The figures are the core's
+#: (``tokenbatch_core::memory::planner::hardware``), defined there once.
 HARDWARE: dict[str, Hardware] = {
-    hardware.name: hardware
-    for hardware in (
-        Hardware("h100", 989e12, 1979e12, 3.35e12, 450e9, 50e9, 81_559 * _MIB),
-        Hardware("h800", 989e12, 1979e12, 3.35e12, 160e9, 50e9, 81_559 * _MIB),
-        Hardware("h200", 989e12, 1979e12, 4.8e12, 450e9, 50e9, 143_771 * _MIB),
-        Hardware("a100", 312e12, 312e12, 2.039e12, 300e9, 25e9, 81_920 * _MIB),
-        Hardware("mi300x", 1307e12, 2615e12, 5.3e12, 448e9, 50e9, 192 * 1024 * _MIB),
-    )
+    name: Hardware(name, **dict(zip(HARDWARE_FIGURES, figures, strict=True)), gpus_per_node=gpus)
+    for name, figures, gpus in _PRESETS
 }

@@ -1,8 +1,8 @@
 """Parallel-layout planning: enumerate the layouts that fit, rank them by estimated step time.
 
-The planner enumerates data, tensor, pipeline (with interleaving), context and expert
-parallelism, the ZeRO stage, recomputation and the micro-batch size; estimates the memory
-of every candidate in one grid call (pipeline stages split by the ``"auto"`` rule, so
+The planner, in the Rust core, enumerates data, tensor, pipeline (with interleaving),
+context and expert parallelism, the ZeRO stage, recomputation and the micro-batch size;
+estimates the memory of the candidates (pipeline stages split to balance their compute, so
 that 61 or 126 layers split over 16 stages); keeps those within ``usable_fraction`` of the
 GPU's memory; and ranks them by the step-time model of
 :mod:`tokenbatch.memory.steptime` on a :class:`~tokenbatch.memory.hardware.Hardware`.
@@ -18,34 +18,19 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from tokenbatch import _core
 from tokenbatch._convert import as_int
-from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.memory.estimate import (
-    _RECOMPUTE,
-    GIB,
-    PIPELINE_SPLITS,
-    _invalid,
-    estimate_memory_grid,
-    scalar_inputs,
-)
-from tokenbatch.memory.hardware import Hardware, positive_number
-from tokenbatch.memory.recompute import recompute_name
+from tokenbatch.errors import InvalidTypeError
+from tokenbatch.memory.estimate import GIB, LAYOUT_FIELDS, scalar_inputs
+from tokenbatch.memory.hardware import Hardware
 from tokenbatch.memory.spec import ModelSpec
-from tokenbatch.memory.steptime import TIME_PARTS, step_time
-from tokenbatch.memory.steptime_fit import MATMUL_EFFICIENCY
+from tokenbatch.memory.steptime import TIME_PARTS, core_hardware
+from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD, MATMUL_EFFICIENCY
 
-__all__ = ["PlannedLayout", "plan"]
+__all__ = ["PlannedLayout", "plan_layouts"]
 
-_F64 = npt.NDArray[np.float64]
-# The recomputation modes `plan` considers unless told otherwise.
+# The recomputation modes `plan_layouts` considers unless told otherwise.
 _DEFAULT_RECOMPUTE = ("none", "selective", "full")
-_MAX_CP = 32
-_MAX_MICRO_BATCH = 64
-_VPP = (1, 2, 4, 8)
 
 _PART_TEXT = {
     "compute": "matmuls and attention, forward, backward and recomputation (roofline)",
@@ -138,86 +123,9 @@ class PlannedLayout:
         return "\n".join(lines)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _split(
-    num_layers: int, pp: int, vpp: int, split: str, first: int = 0, last: int = 0
-) -> list[int] | None:
-    """Layers per stage under a ``pipeline_split`` rule and explicit end stages, or None."""
-    return _core.memory_pipeline_layers(num_layers, pp, vpp, PIPELINE_SPLITS[split], first, last)
-
-
-def _balanced_split(
-    spec: ModelSpec, pp: int, vpp: int, end_cost: float
-) -> tuple[str, int, int, list[int]] | None:
-    """The split of the layers over stages that balances the stages' compute.
-
-    Every layer costs 1, the last stage ``end_cost`` more (the output layer and the
-    multi-token-prediction modules, in layers of compute). Among the splits Megatron-LM
-    can express (even; the embedding and/or the loss counted as a layer; explicit first and
-    last stage sizes, the rest even), the one whose slowest stage is fastest; ties go to
-    fewer layers on the first stage, which keeps the most micro-batches in flight, then to
-    the simpler rule. Returns the rule, the explicit first and last sizes (0 unless
-    explicit) and the layers of each stage.
-    """
-    layers = spec.num_layers
-    options: list[tuple[float, int, int, str, int, int, list[int]]] = []
-
-    def consider(rank: int, split: str, first: int = 0, last: int = 0) -> None:
-        stages = _split(layers, pp, vpp, split, first, last)
-        if stages is not None:
-            cost = max([*stages[:-1], stages[-1] + end_cost])
-            options.append((cost, stages[0], rank, split, first, last, stages))
-
-    for rank, split in enumerate(("even", "embedding_and_loss", "embedding", "loss")):
-        consider(rank, split)
-    if pp > 1:
-        widest = 2 * -(-layers // pp)
-        for first in range(vpp, widest + 1, vpp):
-            for last in range(vpp, widest + 1, vpp):
-                consider(4, "even", first, last)
-    if not options:
-        return None
-    _, _, _, split, first, last, stages = min(options, key=lambda o: o[:3])
-    return split, first, last, stages
-
-
-_COLUMNS = (
-    "dp",
-    "tp",
-    "pp",
-    "cp",
-    "ep",
-    "vpp",
-    "zero",
-    "recompute",
-    "micro_batch",
-    "grad_accum_steps",
-    "first_layers",
-    "middle_layers",
-    "last_layers",
-    "first_stage_layers",
-    "last_stage_layers",
-    "pipeline_split",
-)
-
-
-def _end_cost(spec: ModelSpec) -> float:
-    """The output layer and multi-token-prediction modules, in layers of compute."""
-    dense, _, moe_active, embedding, projection = _core.memory_layer_params(spec)
-    moe_layers = spec.num_layers - spec.first_dense_layers if spec.is_moe else 0
-    active = (sum(dense) * (spec.num_layers - moe_layers) + sum(moe_active) * moe_layers) / (
-        spec.num_layers
-    )
-    head = (projection or embedding) / active
-    last_layer = sum(moe_active) if moe_layers else sum(dense)
-    return head + spec.mtp_layers * (last_layer / active + head)
-
-
-def _recompute_codes(modes: str | Sequence[str]) -> tuple[int, ...]:
-    """The codes of the recomputation modes ``plan`` is told to consider, in order, once."""
+def _recompute_names(modes: str | Sequence[str]) -> list[str]:
+    """The recomputation modes ``plan_layouts`` is told to consider, as a list of strings
+    (the core parses them)."""
     not_names = InvalidTypeError(
         f"recompute must be a mode name or a sequence of them, got {type(modes).__name__}"
     )
@@ -227,78 +135,13 @@ def _recompute_codes(modes: str | Sequence[str]) -> tuple[int, ...]:
         names = [modes] if isinstance(modes, str) else list(modes)
     except TypeError:
         raise not_names from None
-    codes: list[int] = []
     for name in names:
         if not isinstance(name, str):
             raise InvalidTypeError(f"recompute modes must be strings, got {name!r}")
-        code = _RECOMPUTE.get(name.lower())
-        if code is None:
-            raise InvalidValueError(f"recompute modes must be {_RECOMPUTE.choices}, got {name!r}")
-        if code not in codes:
-            codes.append(code)
-    if not codes:
-        raise InvalidValueError("recompute must name at least one mode")
-    return tuple(codes)
+    return names
 
 
-def _candidates(
-    spec: ModelSpec,
-    num_gpus: int,
-    seq_len: int,
-    sequences: int,
-    gpus_per_node: int,
-    recompute_codes: tuple[int, ...],
-) -> dict[str, npt.NDArray[np.int64]]:
-    rows: list[tuple[int, ...]] = []
-    end_cost = _end_cost(spec)
-    for tp in _divisors(num_gpus):
-        if tp > gpus_per_node or spec.num_heads % tp:
-            continue
-        for pp in _divisors(num_gpus // tp):
-            for vpp in _VPP if pp > 1 else (1,):
-                split = _balanced_split(spec, pp, vpp, end_cost)
-                if split is None:
-                    continue
-                rule, first_stage, last_stage, layers = split
-                first, last, middle = layers[0], layers[-1], max(layers)
-                for cp in _divisors(num_gpus // (tp * pp)):
-                    if cp > _MAX_CP or seq_len < 2 * cp:
-                        continue
-                    dp = num_gpus // (tp * pp * cp)
-                    if sequences % dp:
-                        continue
-                    eps = (
-                        [e for e in _divisors(dp * cp) if spec.num_experts % e == 0]
-                        if spec.is_moe
-                        else [1]
-                    )
-                    # ZeRO-2 and -3 reduce gradients after every micro-batch, which neither
-                    # Megatron-LM nor DeepSpeed does under pipeline parallelism.
-                    zeros = (0,) if dp * cp == 1 else (0, 1) if pp > 1 else (0, 1, 2, 3)
-                    per_rank = sequences // dp
-                    for micro_batch in _divisors(per_rank):
-                        if micro_batch > _MAX_MICRO_BATCH:
-                            break
-                        steps = per_rank // micro_batch
-                        if vpp > 1 and steps % pp:
-                            continue
-                        for ep in eps:
-                            for zero in zeros:
-                                for recompute in recompute_codes:
-                                    rows.append(
-                                        (
-                                            *(dp, tp, pp, cp, ep, vpp, zero, recompute),
-                                            *(micro_batch, steps, first, middle, last),
-                                            *(first_stage, last_stage, PIPELINE_SPLITS[rule]),
-                                        )
-                                    )
-    if not rows:
-        return {name: np.empty(0, dtype=np.int64) for name in _COLUMNS}
-    table = np.asarray(rows, dtype=np.int64)
-    return {name: table[:, i] for i, name in enumerate(_COLUMNS)}
-
-
-def plan(
+def plan_layouts(
     spec: ModelSpec,
     *,
     num_gpus: int,
@@ -321,13 +164,14 @@ def plan(
 ) -> list[PlannedLayout]:
     """Layouts of ``num_gpus`` GPUs that fit in memory, fastest first.
 
-    Enumerates ``dp``, ``tp``, ``pp`` (with ``vpp`` 1, 2 or 4 and the ``"auto"`` split of
+    Enumerates ``dp``, ``tp``, ``pp`` (with ``vpp`` 1, 2, 4 or 8 and a balanced split of
     uneven layers), ``cp``, ``ep``, ZeRO stage, recomputation and the micro-batch size
     (gradient accumulation making up ``global_batch_tokens``, a multiple of ``seq_len``);
-    estimates the memory of all of them in one grid call and ranks those within
-    ``usable_fraction`` of ``gpu_memory`` by the step-time model of
-    :mod:`tokenbatch.memory.steptime`. ``hardware`` is a preset name (``"h100"``,
-    ``"h800"``, ``"h200"``, ``"a100"``, ``"mi300x"``; see
+    ranks them by the step-time model of :mod:`tokenbatch.memory.steptime` and keeps
+    those within ``usable_fraction`` of ``gpu_memory`` (the memory of a candidate is
+    estimated only when it could be among those returned), all in the Rust core.
+    ``hardware`` is a preset name (``"h100"``, ``"h800"``, ``"h200"``, ``"a100"``,
+    ``"mi300x"``; see
     :data:`~tokenbatch.memory.hardware.HARDWARE`) or a :class:`Hardware`; ``gpu_memory``,
     ``gpus_per_node``, ``peak_flops`` and the bandwidths (bytes/s, one direction, per GPU)
     override its figures. ``compute_efficiency`` is the fraction of the peak that large
@@ -355,122 +199,62 @@ def plan(
         raise InvalidTypeError(
             f"hardware must be a preset name or a Hardware, got {type(hardware).__name__}"
         )
-    overrides: dict[str, Any] = {
-        "memory": gpu_memory,
-        "peak_flops": peak_flops,
-        "intra_node_bandwidth": intra_node_bandwidth,
-        "inter_node_bandwidth": inter_node_bandwidth,
-    }
-    for name, value in overrides.items():
-        if value is not None:
-            positive_number("gpu_memory" if name == "memory" else name, value)
-    if gpus_per_node is not None:
-        overrides["gpus_per_node"] = as_int(gpus_per_node, "gpus_per_node", minimum=1)
-    hw = hardware.replace(**{k: v for k, v in overrides.items() if v is not None})
-    num_gpus = as_int(num_gpus, "num_gpus", minimum=1)
-    seq_len = as_int(seq_len, "seq_len", minimum=1)
-    global_batch_tokens = as_int(global_batch_tokens, "global_batch_tokens", minimum=1)
-    efficiency = positive_number("compute_efficiency", compute_efficiency)
-    usable = positive_number("usable_fraction", usable_fraction)
-    if efficiency > 1 or usable > 1:
-        raise InvalidValueError("compute_efficiency and usable_fraction must be at most 1")
-    if global_batch_tokens % seq_len:
-        raise InvalidValueError(
-            f"global_batch_tokens={global_batch_tokens} must be a multiple of seq_len={seq_len}"
-        )
     chosen = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp", "zero"}
     chosen |= {"seq_len", "sequence_parallel", "grad_accum_steps"}
     chosen |= {"pipeline_split", "first_stage_layers", "last_stage_layers"}
     clash = chosen & set(options)
     if clash:
-        raise InvalidTypeError(f"plan chooses {', '.join(sorted(clash))} itself")
+        raise InvalidTypeError(f"the plan chooses {', '.join(sorted(clash))} itself")
     inputs = scalar_inputs(options)
-    sequences = global_batch_tokens // seq_len
-    recompute_codes = _recompute_codes(recompute)
-    c = _candidates(spec, num_gpus, seq_len, sequences, hw.gpus_per_node, recompute_codes)
-    if c["dp"].size == 0:
-        return []
-    grid = estimate_memory_grid(
+    table = _core.planner_plan(
         spec,
-        seq_len=seq_len,
-        micro_batch=c["micro_batch"],
-        dp=c["dp"],
-        tp=c["tp"],
-        pp=c["pp"],
-        cp=c["cp"],
-        ep=c["ep"],
-        vpp=c["vpp"],
-        zero=c["zero"],
-        recompute=c["recompute"],
-        sequence_parallel=c["tp"] > 1,
-        grad_accum_steps=c["grad_accum_steps"],
-        first_stage_layers=c["first_stage_layers"],
-        last_stage_layers=c["last_stage_layers"],
-        pipeline_split=np.asarray(list(PIPELINE_SPLITS))[c["pipeline_split"]],
-        **options,
+        num_gpus=as_int(num_gpus, "num_gpus"),
+        seq_len=as_int(seq_len, "seq_len"),
+        global_batch_tokens=as_int(global_batch_tokens, "global_batch_tokens"),
+        hardware=core_hardware(hardware),
+        overrides=(
+            gpu_memory,
+            peak_flops,
+            intra_node_bandwidth,
+            inter_node_bandwidth,
+            None if gpus_per_node is None else as_int(gpus_per_node, "gpus_per_node"),
+        ),
+        options=[inputs[name] for name in LAYOUT_FIELDS],
+        constants=(compute_efficiency, LAYER_PASS_OVERHEAD, None),
+        overlap_ep_comm=bool(overlap_ep_comm),
+        deduplicated_dispatch=bool(deduplicated_dispatch),
+        usable_fraction=usable_fraction,
+        recompute=_recompute_names(recompute),
+        distinct=bool(distinct),
+        top=None if top is None else as_int(top, "top"),
     )
-    if not grid.valid.any():
-        # The candidates are built to fit the model: when none is valid, an option given
-        # (or a model that splits no way over these GPUs) is at fault, and the most
-        # common reason says which, where an empty plan would hide it.
-        codes, counts = np.unique(grid.reason_code, return_counts=True)
-        raise _invalid(int(codes[np.argmax(counts)]), options)
-    fits = grid.fits(usable * hw.memory)
-    if not fits.any():
-        return []
-    keep = np.flatnonzero(fits)
-    cols = {k: v[keep].astype(np.float64) for k, v in c.items()}
-    times = step_time(
-        spec,
-        cols,
-        hw=hw,
-        seq_len=seq_len,
-        efficiency=efficiency,
-        inputs=inputs,
-        overlap_ep_comm=overlap_ep_comm,
-        deduplicated_dispatch=deduplicated_dispatch,
-    )
-    total_time = times["total"]
-    mfu = times["model_flops"] / (total_time * num_gpus * hw.peak_flops)
-    memory = grid.total[keep]
-    order = np.lexsort((memory, total_time))
-    if distinct:
-        layout_keys = np.stack([cols[k][order] for k in ("dp", "tp", "pp", "cp", "ep")], axis=1)
-        _, first_seen = np.unique(layout_keys, axis=0, return_index=True)
-        order = order[np.sort(first_seen)]
-    if top is not None:
-        order = order[: as_int(top, "top", minimum=1)]
-    result = []
-    for i in order:
-        pp, vpp = int(cols["pp"][i]), int(cols["vpp"][i])
-        rule = list(PIPELINE_SPLITS)[int(cols["pipeline_split"][i])]
-        first_stage = int(cols["first_stage_layers"][i])
-        last_stage = int(cols["last_stage_layers"][i])
-        result.append(
-            PlannedLayout(
-                dp=int(cols["dp"][i]),
-                tp=int(cols["tp"][i]),
-                pp=pp,
-                cp=int(cols["cp"][i]),
-                ep=int(cols["ep"][i]),
-                zero=int(cols["zero"][i]),
-                recompute=recompute_name(int(cols["recompute"][i])),
-                micro_batch=int(cols["micro_batch"][i]),
-                grad_accum_steps=int(cols["grad_accum_steps"][i]),
-                memory=int(memory[i]),
-                step_time=float(total_time[i]),
-                mfu=float(mfu[i]),
-                tokens_per_second=float(global_batch_tokens / total_time[i]),
-                time_parts={part: float(times[part][i]) for part in TIME_PARTS},
-                vpp=vpp,
-                stage_layers=tuple(
-                    _split(spec.num_layers, pp, vpp, rule, first_stage, last_stage) or ()
-                ),
-                pipeline_split=rule,
-                first_stage_layers=first_stage or None,
-                last_stage_layers=last_stage or None,
-                hardware=hw.name,
-                options=dict(options),
-            )
+    columns = {
+        name: values.tolist() if hasattr(values, "tolist") else values
+        for name, values in table.items()
+    }
+    return [
+        PlannedLayout(
+            dp=columns["dp"][i],
+            tp=columns["tp"][i],
+            pp=columns["pp"][i],
+            cp=columns["cp"][i],
+            ep=columns["ep"][i],
+            zero=columns["zero"][i],
+            recompute=columns["recompute"][i],
+            micro_batch=columns["micro_batch"][i],
+            grad_accum_steps=columns["grad_accum_steps"][i],
+            memory=int(columns["memory"][i]),
+            step_time=columns["step_time"][i],
+            mfu=columns["mfu"][i],
+            tokens_per_second=columns["tokens_per_second"][i],
+            time_parts={part: columns[part][i] for part in TIME_PARTS},
+            vpp=columns["vpp"][i],
+            stage_layers=tuple(columns["stage_layers"][i]),
+            pipeline_split=columns["pipeline_split"][i],
+            first_stage_layers=columns["first_stage_layers"][i] or None,
+            last_stage_layers=columns["last_stage_layers"][i] or None,
+            hardware=hardware.name,
+            options=dict(options),
         )
-    return result
+        for i in range(len(columns["dp"]))
+    ]

@@ -9,8 +9,13 @@ from typing import Any
 
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.memory import ModelSpec, PlannedLayout, estimate_memory, max_micro_batch_tokens
-from tokenbatch.memory import plan as plan_layouts
+from tokenbatch.memory import (
+    ModelSpec,
+    PlannedLayout,
+    estimate_memory,
+    max_micro_batch_tokens,
+    plan_layouts,
+)
 from tokenbatch.scaling.batch_law import BatchLaw
 from tokenbatch.scaling.published import (
     LAWS,
@@ -180,7 +185,7 @@ def launch_plan(
        :class:`~tokenbatch.scaling.BatchLaw`); ``batch_tokens`` gives the batch outright.
        The ramp and the range of batches within 5% of the optimum keep the three-term
        law's shape around the chosen batch (your own law's, when given).
-    3. **Layout.** :func:`tokenbatch.plan` picks the fastest layout that fits
+    3. **Layout.** :func:`tokenbatch.plan_layouts` picks the fastest layout that fits
        ``usable_fraction`` of ``gpu_memory`` at the batch nearest the optimum that whole
        micro-batches on every rank can make (trying batches divisible by large divisors
        of ``num_gpus`` first, inside the 5% range first); pass ``layout`` to impose one.
@@ -201,7 +206,7 @@ def launch_plan(
        published run of comparable size is flagged in ``notes``.
 
     Memory is estimated for every stage's accumulation. ``options`` go to
-    :func:`tokenbatch.plan` (``peak_flops``, ``gpus_per_node``, bandwidths...) and to the
+    :func:`tokenbatch.plan_layouts` (``peak_flops``, ``gpus_per_node``, bandwidths...) and to the
     memory estimates (``optimizer``, dtypes, ``activation_model``...). When a chosen law
     is evaluated outside its fitted range, the plan warns once
     (:class:`~tokenbatch.scaling.ExtrapolationWarning`) and says so in ``notes``.

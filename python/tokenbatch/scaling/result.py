@@ -301,7 +301,7 @@ def _explain(plan: LaunchPlan) -> str:
         )
     else:
         lines += [
-            f"Layout (tokenbatch.plan, fastest that fits): dp={layout.dp} tp={layout.tp} "
+            f"Layout (tokenbatch.plan_layouts, fastest that fits): dp={layout.dp} tp={layout.tp} "
             f"pp={layout.pp} cp={layout.cp} ep={layout.ep} zero={layout.zero} "
             f"recompute={layout.recompute}",
             f"  micro-batch {layout.micro_batch} x {plan.seq_len:,} = "

@@ -18,6 +18,7 @@ mod mixture;
 mod model_spec;
 mod packing;
 mod parallel;
+mod planner;
 mod schedule;
 mod stream;
 
@@ -36,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     model_spec::register(m)?;
     packing::register(m)?;
     parallel::register(m)?;
+    planner::register(m)?;
     schedule::register(m)?;
     stream::register(m)?;
     Ok(())

@@ -12,6 +12,7 @@ pub mod layout;
 mod memo;
 pub mod options;
 pub mod pipeline;
+pub mod planner;
 pub mod spec;
 pub mod spec_fields;
 mod stage;
