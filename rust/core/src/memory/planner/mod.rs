@@ -25,6 +25,7 @@ use crate::error::{at_least, Error, Result};
 use crate::memory::estimate::OUTPUT_FIELDS;
 use crate::memory::grid::{estimate_grid, GridInput, GridTable, Values};
 use crate::memory::layout::{Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS};
+use crate::memory::options::Choice;
 use crate::memory::pipeline::PipelineSplit;
 use crate::memory::spec::ModelSpec;
 
