@@ -2,14 +2,15 @@
 
 use crate::error::{Error, Result};
 use crate::memory::layout::Recompute;
-use crate::memory::options::Choice;
+use crate::memory::options::{Choice, RECOMPUTE_MODES, RECOMPUTE_MODULES};
 use crate::memory::pipeline::PipelineSplit;
 
 /// The modes `names` name, in order, each once; at least one.
 pub fn recompute_modes<S: AsRef<str>>(names: &[S]) -> Result<Vec<Recompute>> {
     let mut modes: Vec<Recompute> = Vec::new();
     for name in names {
-        let mode: Recompute = name.as_ref().parse()?;
+        let name = name.as_ref();
+        let mode: Recompute = name.parse().map_err(|_| unknown_mode(name))?;
         if !modes.contains(&mode) {
             modes.push(mode);
         }
@@ -18,6 +19,20 @@ pub fn recompute_modes<S: AsRef<str>>(names: &[S]) -> Result<Vec<Recompute>> {
         return Err(Error::invalid("recompute must name at least one mode"));
     }
     Ok(modes)
+}
+
+/// The planner's error for a name that is no recompute mode: the modes it lists, unquoted.
+fn unknown_mode(name: &str) -> Error {
+    let modes: Vec<&str> = RECOMPUTE_MODES.iter().map(|(mode, _)| *mode).collect();
+    let modules: Vec<&str> = RECOMPUTE_MODULES
+        .iter()
+        .map(|(module, _)| *module)
+        .collect();
+    Error::invalid(format!(
+        "recompute modes must be {} or Megatron-Core modules ({}) joined with '+', got '{name}'",
+        modes.join(", "),
+        modules.join(", ")
+    ))
 }
 
 impl PipelineSplit {
