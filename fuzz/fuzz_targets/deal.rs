@@ -104,6 +104,7 @@ fn bins(source: &Source) -> Option<Bins> {
                 n_seqs: u64::from(*n_seqs),
                 kind: PackingKind::Packed,
                 lower_bound: 0,
+                group_ids: None,
             };
             bins.validate().ok()?;
             Some(bins)

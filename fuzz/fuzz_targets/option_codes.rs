@@ -33,12 +33,23 @@ enum Piece {
     Any(u32),
 }
 
-const NAMES: [&str; 8] = ["full", "core_attn", "MLP", "eager", "a2a", "bf16", "Auto", "sgd"];
+const NAMES: [&str; 8] = [
+    "full",
+    "core_attn",
+    "MLP",
+    "eager",
+    "a2a",
+    "bf16",
+    "Auto",
+    "sgd",
+];
 
 impl Piece {
     fn push(&self, row: &mut Vec<u32>) {
         match *self {
-            Piece::Name(i) => row.extend(NAMES[usize::from(i) % NAMES.len()].chars().map(u32::from)),
+            Piece::Name(i) => {
+                row.extend(NAMES[usize::from(i) % NAMES.len()].chars().map(u32::from))
+            }
             Piece::Letter(c) => row.push(u32::from(b'A' + c % 58)),
             Piece::Kelvin => row.push(0x212A),
             Piece::Zero => row.push(0),
@@ -73,6 +84,10 @@ fuzz_target!(|input: (u8, u8, Vec<Vec<Piece>>)| {
         let end = row.iter().rposition(|&c| c != 0).map_or(0, |last| last + 1);
         let name: Option<String> = row[..end].iter().map(|&c| char::from_u32(c)).collect();
         let alone = name.and_then(|name| option_code(option, &name).ok());
-        assert_eq!(alone.map_or(f64::NAN.to_bits(), f64::to_bits), code.to_bits(), "{row:?}");
+        assert_eq!(
+            alone.map_or(f64::NAN.to_bits(), f64::to_bits),
+            code.to_bits(),
+            "{row:?}"
+        );
     }
 });
