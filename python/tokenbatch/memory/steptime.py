@@ -86,8 +86,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenbatch import _core
-from tokenbatch.memory.estimate import LAYOUT_FIELDS
 from tokenbatch.memory.hardware import HARDWARE_FIGURES, Hardware
+from tokenbatch.memory.options import LAYOUT_FIELDS
 from tokenbatch.memory.spec import ModelSpec
 from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD
 
