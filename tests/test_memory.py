@@ -1046,3 +1046,20 @@ def test_grid_cell_equals_scalar_and_more_tokens_cost_more(layout: dict[str, Any
     bigger = estimate_memory(LLAMA_8B, **{**layout, "micro_batch": layout["micro_batch"] + 1})
     assert bigger.activations > one.activations
     assert bigger.model_states == one.model_states
+
+
+def test_an_estimate_is_immutable_and_compares_by_its_numbers() -> None:
+    estimate = estimate_memory(LLAMA_8B, seq_len=4096, tp=2, recompute="selective")
+    with pytest.raises(AttributeError, match="immutable"):
+        estimate.total = 0  # type: ignore[misc]
+    assert estimate == estimate_memory(LLAMA_8B, seq_len=4096, tp=2, recompute="selective")
+    assert estimate != estimate_memory(LLAMA_8B, seq_len=4096, tp=4, recompute="selective")
+    # The options as given, with every default filled in; the inputs the core used.
+    assert estimate.options["tp"] == 2
+    assert estimate.options["dp"] == 1
+    assert estimate.inputs["tp"] == 2.0
+    assert estimate.inputs["param_bytes"] == 2.0
+    assert sum(estimate.activation_parts.values()) == pytest.approx(estimate.activations, abs=9)
+    assert f"total={estimate.total}" in repr(estimate)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(estimate)

@@ -7,7 +7,6 @@ listed in :doc:`docs/memory.md` and in ``explanation()``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +17,6 @@ from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchOverflowError
 from tokenbatch.memory.options import (
-    DEFAULTS,
     DTYPE_BYTES,
     LAYOUT_FIELDS,
     OPTIMIZER_STATES,
@@ -54,9 +52,6 @@ _F64 = npt.NDArray[np.float64]
 _RECOMPUTE = RecomputeNames()
 #: Rules for splitting layers over pipeline stages (see :func:`estimate_memory`).
 PIPELINE_SPLITS = {name: int(code) for name, code in _core.memory_option_choices("pipeline_split")}
-
-#: The activation parts, each with its output column (in ``OUTPUT_FIELDS`` order).
-_ACT_PARTS = [(name[len("act_") :], name) for name in OUTPUT_FIELDS if name.startswith("act_")]
 
 
 def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryEstimate:
@@ -116,7 +111,7 @@ def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryE
     row, reason = _core.memory_estimate(spec, fields)
     if reason:
         raise _invalid(reason, {"seq_len": seq_len, **options})
-    return _estimate_from_row(spec, seq_len, options, fields, row)
+    return MemoryEstimate(spec, {"seq_len": seq_len, **options}, fields, row)
 
 
 def estimate_memory_stages(
@@ -133,38 +128,14 @@ def estimate_memory_stages(
     if reason:
         raise _invalid(reason, {"seq_len": seq_len, **options})
     rows = flat.reshape(-1, len(OUTPUT_FIELDS)).tolist()
-    return [_estimate_from_row(spec, seq_len, options, fields, row) for row in rows]
+    given = {"seq_len": seq_len, **options}
+    return [MemoryEstimate(spec, given, fields, row) for row in rows]
 
 
 def _fields(spec: ModelSpec, seq_len: int, options: Mapping[str, Any]) -> list[float]:
     if not isinstance(spec, ModelSpec):
         raise InvalidTypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     return scalar_fields({"seq_len": seq_len, **options})
-
-
-def _estimate_from_row(
-    spec: ModelSpec,
-    seq_len: int,
-    options: Mapping[str, Any],
-    fields: list[float],
-    row: list[float],
-) -> MemoryEstimate:
-    values = dict(zip(OUTPUT_FIELDS, row, strict=True))
-    return MemoryEstimate(
-        spec=spec,
-        options=DEFAULTS | {"seq_len": seq_len} | dict(options),
-        inputs=dict(zip(LAYOUT_FIELDS, fields, strict=True)),
-        params=int(values["params"]),
-        grads=int(values["grads"]),
-        optimizer=int(values["optimizer"]),
-        activations=int(values["activations"]),
-        overhead=math.ceil(values["overhead"]),
-        total=math.ceil(values["total"]),
-        activation_parts={part: math.ceil(values[name]) for part, name in _ACT_PARTS},
-        stage=int(values["stage"]),
-        layers=int(values["layers"]),
-        cpu_optimizer=int(values["cpu_optimizer"]),
-    )
 
 
 def _invalid(code: int, options: Mapping[str, Any]) -> InvalidValueError | TokenBatchOverflowError:

@@ -145,8 +145,11 @@ def _names(option: str, array: npt.NDArray[Any]) -> _F64:
 
 def _scalar(name: str, value: Any) -> float:
     """One configuration's value of option ``name``."""
-    if type(value) is float:  # the common case first: a single estimate is called in loops
+    # The common cases first: a single estimate is called in loops.
+    if type(value) is float:
         return value
+    if type(value) is int and -(2**63) <= value < 2**64:
+        return float(value)
     if name in _NAMED and isinstance(value, (str, bytes)):
         return _code(name, value) if value != DEFAULTS.get(name) else _DEFAULT_CODES[name]
     return _number(name, value)
@@ -230,7 +233,7 @@ def layout_fields(options: Mapping[str, Any], value: Callable[[str, Any], Field]
 def scalar_fields(options: Mapping[str, Any]) -> list[float]:
     """The layout fields of one configuration's options, as floats."""
     for name, value in options.items():
-        if isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) != 0:
+        if type(value) not in _PLAIN and isinstance(value, _SEQUENCES) and np.ndim(value) != 0:
             raise InvalidTypeError(f"{name} must be a scalar; use estimate_memory_grid for arrays")
     if "seq_len" in options and options.keys() <= _OWN_FIELD.keys():
         # Only options that are a field of their own: the defaults' fields with those set.
@@ -240,6 +243,10 @@ def scalar_fields(options: Mapping[str, Any]) -> list[float]:
             fields[_OWN_FIELD[name]] = 0.0 if unset else _scalar(name, value)
         return fields
     return [float(x) for x in layout_fields(options, _scalar)]
+
+
+_PLAIN = (int, float, str, bool)
+_SEQUENCES = (list, tuple, np.ndarray)
 
 
 #: The fields of the default options (``seq_len`` 1).

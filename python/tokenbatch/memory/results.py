@@ -3,7 +3,7 @@ grid's columns."""
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import sys
 from typing import Any, TextIO
 
@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.memory.options import OUTPUT_FIELDS, REASON_MESSAGES
+from tokenbatch.memory.options import DEFAULTS, LAYOUT_FIELDS, OUTPUT_FIELDS, REASON_MESSAGES
 from tokenbatch.memory.spec import ModelSpec
 
 __all__ = ["MemoryEstimate", "MemoryGrid"]
@@ -19,7 +19,15 @@ __all__ = ["MemoryEstimate", "MemoryGrid"]
 _F64 = npt.NDArray[np.float64]
 
 
-@dataclasses.dataclass(frozen=True)
+#: Each output column's index in the core's row.
+_COLUMN = {name: i for i, name in enumerate(OUTPUT_FIELDS)}
+
+#: The activation parts, each with its output column's index.
+_ACT_PARTS = [
+    (name[len("act_") :], i) for i, name in enumerate(OUTPUT_FIELDS) if name.startswith("act_")
+]
+
+
 class MemoryEstimate:
     """Per-GPU memory of one configuration, in bytes, on the busiest pipeline stage.
 
@@ -35,21 +43,105 @@ class MemoryEstimate:
     ``total``. ``options`` are the options as given (defaults filled in);
     ``inputs`` are the numbers the core computed with (bytes per element of each dtype,
     optimizer state bytes, codes of named choices), keyed by the core's field names.
+
+    Immutable; two estimates are equal when their spec, options and numbers are. It holds
+    the core's row and reads each number from it when asked, so one estimate, a call made
+    in loops, builds nothing it is not asked for.
     """
 
+    __slots__ = ("_fields", "_options", "_row", "spec")
+
     spec: ModelSpec
-    options: dict[str, Any]
-    inputs: dict[str, float]
-    params: int
-    grads: int
-    optimizer: int
-    activations: int
-    overhead: int
-    total: int
-    activation_parts: dict[str, int]
-    stage: int
-    layers: int
-    cpu_optimizer: int
+    _options: dict[str, Any]
+    _fields: list[float]
+    _row: list[float]
+
+    def __init__(
+        self, spec: ModelSpec, options: dict[str, Any], fields: list[float], row: list[float]
+    ) -> None:
+        """Wrap the core's ``row`` (``OUTPUT_FIELDS`` order) of the layout ``fields``
+        (``LAYOUT_FIELDS`` order) computed from the user's ``options``."""
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_fields", fields)
+        object.__setattr__(self, "_row", row)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"MemoryEstimate is immutable; cannot set {name}")
+
+    @property
+    def params(self) -> int:
+        """Weight bytes."""
+        return int(self._row[_COLUMN["params"]])
+
+    @property
+    def grads(self) -> int:
+        """Gradient bytes."""
+        return int(self._row[_COLUMN["grads"]])
+
+    @property
+    def optimizer(self) -> int:
+        """Optimizer state bytes in GPU memory."""
+        return int(self._row[_COLUMN["optimizer"]])
+
+    @property
+    def activations(self) -> int:
+        """Activation bytes."""
+        return int(self._row[_COLUMN["activations"]])
+
+    @property
+    def overhead(self) -> int:
+        """Constant overhead bytes."""
+        return math.ceil(self._row[_COLUMN["overhead"]])
+
+    @property
+    def total(self) -> int:
+        """All bytes: model states, activations and overhead."""
+        return math.ceil(self._row[_COLUMN["total"]])
+
+    @property
+    def stage(self) -> int:
+        """The busiest pipeline stage's index."""
+        return int(self._row[_COLUMN["stage"]])
+
+    @property
+    def layers(self) -> int:
+        """The transformer layers of the busiest stage."""
+        return int(self._row[_COLUMN["layers"]])
+
+    @property
+    def cpu_optimizer(self) -> int:
+        """Optimizer state bytes offloaded to CPU memory, not in ``total``."""
+        return int(self._row[_COLUMN["cpu_optimizer"]])
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options as given, defaults filled in (a new dict each time)."""
+        return DEFAULTS | self._options
+
+    @property
+    def inputs(self) -> dict[str, float]:
+        """The core's layout fields by name (a new dict each time)."""
+        return dict(zip(LAYOUT_FIELDS, self._fields, strict=True))
+
+    @property
+    def activation_parts(self) -> dict[str, int]:
+        """The activation bytes of each part (a new dict each time)."""
+        return {part: math.ceil(self._row[i]) for part, i in _ACT_PARTS}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MemoryEstimate):
+            return NotImplemented
+        return (self.spec, self.options, self._row) == (other.spec, other.options, other._row)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        numbers = ", ".join(f"{k}={v}" for k, v in self.to_dict().items() if k[:4] != "act_")
+        return (
+            f"MemoryEstimate(spec={self.spec.name!r}, options={self._options}, {numbers}, "
+            f"activation_parts={self.activation_parts})"
+        )
 
     @property
     def model_states(self) -> int:
