@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenbatch import ModelSpec, plan_layouts
+from tokenbatch import ModelSpec, _core, plan_layouts
 from tokenbatch.memory import HARDWARE, PlannedLayout
-from tokenbatch.memory.estimate import scalar_inputs
-from tokenbatch.memory.recompute import RecomputeNames
+from tokenbatch.memory.options import scalar_inputs
 from tokenbatch.memory.steptime import step_time
 from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD, MATMUL_EFFICIENCY
 
@@ -152,7 +151,6 @@ def runs() -> list[Run]:
 
 def _columns(spec: ModelSpec, layouts: list[PlannedLayout]) -> dict[str, np.ndarray]:
     """The step-time model's columns for planned layouts."""
-    names = RecomputeNames()
     c: dict[str, list[float]] = {}
     for x in layouts:
         row = {
@@ -163,7 +161,7 @@ def _columns(spec: ModelSpec, layouts: list[PlannedLayout]) -> dict[str, np.ndar
             "ep": x.ep,
             "vpp": x.vpp,
             "zero": x.zero,
-            "recompute": names[x.recompute],
+            "recompute": _core.memory_option_code("recompute", x.recompute),
             "micro_batch": x.micro_batch,
             "grad_accum_steps": x.grad_accum_steps,
             "first_layers": x.stage_layers[0],

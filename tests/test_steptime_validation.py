@@ -19,7 +19,7 @@ from script_module import load_script
 
 from tokenbatch import ModelSpec, plan_layouts
 from tokenbatch.memory import HARDWARE, PlannedLayout
-from tokenbatch.memory.estimate import scalar_inputs
+from tokenbatch.memory.options import scalar_inputs
 from tokenbatch.memory.steptime import TIME_PARTS, step_time
 from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD, MATMUL_EFFICIENCY
 

@@ -39,12 +39,10 @@ __all__ = [
     "memory_estimate",
     "memory_fields",
     "memory_grid",
-    "memory_layer_params",
     "memory_max_tokens",
     "memory_option_choices",
     "memory_option_code",
     "memory_option_codes",
-    "memory_pipeline_layers",
     "memory_recompute_modules",
     "memory_recompute_name",
     "memory_stages",
@@ -506,12 +504,6 @@ class ModelSpec:
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
-def memory_pipeline_layers(
-    num_layers: int, pp: int, vpp: int, split: float, first: int, last: int
-) -> list[int] | None: ...
-def memory_layer_params(
-    spec: ModelSpec,
-) -> tuple[list[float], list[float], list[float], float, float]: ...
 def memory_grid(
     spec: ModelSpec,
     shape: list[int],

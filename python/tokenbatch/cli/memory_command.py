@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenbatch import _core
 from tokenbatch.cli.output import atomic_output
 from tokenbatch.cli.table import format_table
 from tokenbatch.cli.units import (
@@ -22,16 +23,11 @@ from tokenbatch.cli.units import (
     positive_real,
 )
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.memory.estimate import (
-    _RECOMPUTE,
-    GIB,
-    PIPELINE_SPLITS,
-    MemoryEstimate,
-    estimate_memory,
-)
+from tokenbatch.memory.estimate import MemoryEstimate, estimate_memory
 from tokenbatch.memory.hardware import HARDWARE
 from tokenbatch.memory.planner import _DEFAULT_RECOMPUTE, plan_layouts
 from tokenbatch.memory.recompute import RECOMPUTE_MODULES
+from tokenbatch.memory.results import GIB
 from tokenbatch.memory.spec import PRESETS, ModelSpec
 
 
@@ -121,7 +117,7 @@ def register(subparsers: Any) -> None:
     )
     memory.add_argument(
         "--pipeline-split",
-        choices=list(PIPELINE_SPLITS),
+        choices=[name for name, _ in _core.memory_option_choices("pipeline_split")],
         default="even",
         help="how layers split over the --pp stages: even (default), auto (first and last "
         "stages take fewer when pp does not divide the layers), or the embedding and/or the "
@@ -198,12 +194,14 @@ def register(subparsers: Any) -> None:
 
 
 def _recompute_mode(text: str) -> str:
-    """One ``--recompute`` mode: a name of :data:`_RECOMPUTE`, in any case."""
+    """One ``--recompute`` mode, in any case, as the core parses it."""
     mode = text.strip().lower()
-    if mode not in _RECOMPUTE:
+    try:
+        _core.memory_option_code("recompute", mode)
+    except InvalidValueError as error:
         raise argparse.ArgumentTypeError(
-            f"unknown recomputation mode {text.strip()!r}: choose {_RECOMPUTE.choices}"
-        )
+            f"unknown recomputation mode {text.strip()!r}: {error}"
+        ) from None
     return mode
 
 

@@ -26,11 +26,6 @@ from tokenbatch.memory.options import (
     grid_fields,
     scalar_fields,
 )
-from tokenbatch.memory.options import (
-    scalar_inputs as scalar_inputs,
-)
-from tokenbatch.memory.recompute import RecomputeNames
-from tokenbatch.memory.results import GIB as GIB
 from tokenbatch.memory.results import MemoryEstimate, MemoryGrid
 from tokenbatch.memory.spec import ModelSpec
 
@@ -46,12 +41,6 @@ __all__ = [
 ]
 
 _F64 = npt.NDArray[np.float64]
-
-# Kept for the planner and the CLI (which import them, with GIB, scalar_inputs and
-# _invalid, from here) until they parse names through the core themselves.
-_RECOMPUTE = RecomputeNames()
-#: Rules for splitting layers over pipeline stages (see :func:`estimate_memory`).
-PIPELINE_SPLITS = {name: int(code) for name, code in _core.memory_option_choices("pipeline_split")}
 
 
 def estimate_memory(spec: ModelSpec, *, seq_len: int, **options: Any) -> MemoryEstimate:

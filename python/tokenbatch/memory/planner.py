@@ -21,9 +21,9 @@ from typing import Any
 from tokenbatch import _core
 from tokenbatch._convert import as_int
 from tokenbatch.errors import InvalidTypeError
-from tokenbatch.memory.estimate import GIB, scalar_inputs
 from tokenbatch.memory.hardware import Hardware
-from tokenbatch.memory.options import LAYOUT_FIELDS
+from tokenbatch.memory.options import LAYOUT_FIELDS, scalar_inputs
+from tokenbatch.memory.results import GIB
 from tokenbatch.memory.spec import ModelSpec
 from tokenbatch.memory.steptime import TIME_PARTS, core_hardware
 from tokenbatch.memory.steptime_fit import LAYER_PASS_OVERHEAD, MATMUL_EFFICIENCY

@@ -8,12 +8,9 @@ so that ``core_attn`` alone, Megatron-Core's default, is 3.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
 from tokenbatch import _core
-from tokenbatch.errors import InvalidValueError
 
-__all__ = ["RECOMPUTE_MODES", "RECOMPUTE_MODULES", "RecomputeNames", "recompute_name"]
+__all__ = ["RECOMPUTE_MODES", "RECOMPUTE_MODULES", "recompute_name"]
 
 #: The plain modes and their codes.
 RECOMPUTE_MODES: dict[str, int] = {
@@ -31,27 +28,3 @@ def recompute_name(code: int) -> str:
     if name is None:
         raise ValueError(f"no recompute mode has code {code}")
     return name
-
-
-class RecomputeNames(Mapping[str, int]):
-    """``recompute`` names to codes, in any case, sets of modules included (parsed by the
-    core); iterating gives the modes and the single modules."""
-
-    #: How the choices read in an error message.
-    choices = (
-        f"{', '.join(RECOMPUTE_MODES)} or Megatron-Core modules "
-        f"({', '.join(RECOMPUTE_MODULES)}) joined with '+'"
-    )
-
-    def __getitem__(self, name: str) -> int:
-        try:
-            return int(_core.memory_option_code("recompute", name))
-        except (InvalidValueError, TypeError):
-            raise KeyError(name) from None
-
-    def __iter__(self) -> Iterator[str]:
-        yield from RECOMPUTE_MODES
-        yield from RECOMPUTE_MODULES
-
-    def __len__(self) -> int:
-        return len(RECOMPUTE_MODES) + len(RECOMPUTE_MODULES)

@@ -126,7 +126,7 @@ def step_time(
     :data:`~tokenbatch.memory.recompute.RECOMPUTE_MODULES`), ``micro_batch``, ``grad_accum_steps``
     and the layers of the first, middle and last pipeline stages (``first_layers``,
     ``middle_layers``, ``last_layers``). ``inputs`` are the memory estimate's numeric
-    options (:func:`~tokenbatch.memory.estimate.scalar_inputs`). ``layer_pass_overhead``
+    options (:func:`~tokenbatch.memory.options.scalar_inputs`). ``layer_pass_overhead``
     is the fixed cost in seconds of one pass (forward or backward) of one layer over one
     micro-batch (default: the fitted
     :data:`~tokenbatch.memory.steptime_fit.LAYER_PASS_OVERHEAD`) and ``overlap_tax`` the

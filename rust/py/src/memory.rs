@@ -13,48 +13,6 @@ use crate::error::{guard, IntoPyResult};
 use crate::model_spec::PyModelSpec;
 use crate::parallel::detach_parallel;
 
-/// Parameters of a dense layer, of an MoE layer, and of an MoE layer counting only the
-/// `top_k` routed experts, each as (replicated, tensor-parallel, key/value, routed experts);
-/// then the embedding and the output projection (0 when tied).
-type LayerParamTable = ([f64; 4], [f64; 4], [f64; 4], f64, f64);
-
-/// A spec's per-layer parameter counts (see [`LayerParamTable`]).
-#[pyfunction]
-fn memory_layer_params(spec: &Bound<'_, PyModelSpec>) -> PyResult<LayerParamTable> {
-    guard("memory_layer_params", || {
-        let spec = &spec.get().spec;
-        let row = |p: memory::LayerParams| [p.replicated, p.tp_split, p.kv, p.experts];
-        let moe_index = spec.first_dense_layers.min(spec.num_layers - 1);
-        let (embedding, _) = spec.embedding_params();
-        let (_, projection) = spec.head_params(false);
-        Ok((
-            row(spec.layer_params(0, false)),
-            row(spec.layer_params(moe_index, false)),
-            row(spec.layer_params(moe_index, true)),
-            embedding,
-            projection,
-        ))
-    })
-}
-
-/// Layers of each pipeline stage under a split rule (a `pipeline_split` code and explicit
-/// first/last stage layers, 0 when not given); `None` when the layers do not split so.
-#[pyfunction]
-fn memory_pipeline_layers(
-    num_layers: u64,
-    pp: u64,
-    vpp: u64,
-    split: f64,
-    first: u64,
-    last: u64,
-) -> PyResult<Option<Vec<u64>>> {
-    guard("memory_pipeline_layers", || {
-        let stages = memory::PipelineSplit::from_code(split)
-            .and_then(|split| memory::StageLayers::new(num_layers, pp, vpp, split, first, last));
-        Ok(stages.map(|stages| (0..pp).map(|stage| stages.stage_layers(stage)).collect()))
-    })
-}
-
 /// A grid's values table and reason codes.
 type GridArrays<'py> = (Bound<'py, PyArray1<f64>>, Bound<'py, PyArray1<u8>>);
 
@@ -236,8 +194,6 @@ fn memory_fields() -> PyResult<(Names, Names, Names, u8)> {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(memory_layer_params, m)?)?;
-    m.add_function(wrap_pyfunction!(memory_pipeline_layers, m)?)?;
     m.add_function(wrap_pyfunction!(memory_grid, m)?)?;
     m.add_function(wrap_pyfunction!(memory_estimate, m)?)?;
     m.add_function(wrap_pyfunction!(memory_stages, m)?)?;
