@@ -1,21 +1,9 @@
 //! The checks of a configuration: each layout field's own rule, then how the layout
 //! fits the model (tensor, pipeline and expert parallelism dividing what they split).
 
-use crate::memory::layout::{Invalid, Layout, FIELD_RULES, MAX_RECOMPUTE_CODE};
+use crate::memory::layout::{field_rule, Invalid, Layout};
 use crate::memory::pipeline::{PipelineSplit, StageLayers};
 use crate::memory::spec::ModelSpec;
-
-pub(crate) const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
-
-/// Whether `x` is a whole number in `[low, high]` (`0 <= low`, `high` finite), without
-/// branches or conversions (a grid checks every value of a list of configurations):
-/// below 2^52, adding and removing 2^52 rounds `x` to an integer (it changes only a
-/// fractional `x`); from 2^52 on every double is whole. NaN fails every comparison.
-#[inline(always)]
-pub(crate) fn is_whole_in(x: f64, low: f64, high: f64) -> bool {
-    let whole = (x >= TWO_POW_52) | ((x + TWO_POW_52) - TWO_POW_52 == x);
-    (x >= low) & (x <= high) & whole
-}
 
 /// Whether `d` (a validated positive whole number) divides `n`. Integer arithmetic,
 /// because float remainders are several times slower in a grid's inner loop, and a mask
@@ -44,79 +32,6 @@ pub(crate) fn check_fields(l: &Layout) -> Result<(), Invalid> {
         check_field(field, value)?;
     }
     Ok(())
-}
-
-/// What the value of a layout field must be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FieldRule {
-    PositiveInteger,
-    /// A non-negative whole number.
-    Count,
-    /// 0, 1, 2 or 3 (a ZeRO stage).
-    FourWay,
-    /// A `recompute` code: 0 to [`MAX_RECOMPUTE_CODE`].
-    RecomputeCode,
-    /// 0 or 1.
-    Flag,
-    /// 0, 1 or 2.
-    ThreeWay,
-    /// A [`PipelineSplit`] code.
-    PipelineSplit,
-    /// A finite number at least 0.
-    NonNegative,
-    /// A number between 0 and 1.
-    Fraction,
-}
-
-impl FieldRule {
-    /// Whether `x` is in the rule's [`FieldRule::range`] and, unless the rule takes any
-    /// number in it, a whole number.
-    #[inline(always)]
-    pub(crate) fn accepts(self, x: f64) -> bool {
-        let (low, high) = self.range();
-        match self {
-            FieldRule::NonNegative | FieldRule::Fraction => (low..=high).contains(&x),
-            _ => is_whole_in(x, low, high),
-        }
-    }
-
-    /// [`FieldRule::accepts`] as numbers: the least and the largest value, and whether the
-    /// value must be whole. A grid checks each value it reads against these, without a
-    /// branch on the rule.
-    #[inline]
-    pub(crate) fn bounds(self) -> (f64, f64, bool) {
-        let (low, high) = self.range();
-        (
-            low,
-            high,
-            !matches!(self, FieldRule::NonNegative | FieldRule::Fraction),
-        )
-    }
-
-    /// The least and the largest value the rule accepts: for whole numbers (an integer
-    /// column), [`FieldRule::accepts`] is just this range check.
-    #[inline(always)]
-    pub(crate) fn range(self) -> (f64, f64) {
-        match self {
-            FieldRule::PositiveInteger => (1.0, f64::MAX),
-            FieldRule::Count | FieldRule::NonNegative => (0.0, f64::MAX),
-            FieldRule::FourWay => (0.0, 3.0),
-            FieldRule::RecomputeCode => (0.0, MAX_RECOMPUTE_CODE),
-            FieldRule::Flag | FieldRule::Fraction => (0.0, 1.0),
-            FieldRule::ThreeWay => (0.0, 2.0),
-            FieldRule::PipelineSplit => (0.0, 4.0),
-        }
-    }
-}
-
-/// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))
-/// follows, and the reason reported when a value breaks it (byte sizes for an index past
-/// the fields).
-pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
-    FIELD_RULES
-        .get(field)
-        .copied()
-        .unwrap_or((FieldRule::NonNegative, Invalid::Bytes))
 }
 
 /// Check the value of field `field` (an index into

@@ -41,139 +41,14 @@
 //! Full recomputation keeps each layer's input and needs one layer's activations while it
 //! recomputes (Chen et al. 2016).
 
+use crate::memory::breakdown::Breakdown;
 use crate::memory::checks::{check_fields, ep_group_fit, split_fit, validate_fit};
 use crate::memory::layout::{Invalid, Layout};
 use crate::memory::memo::Memo;
 use crate::memory::pipeline::StageLayers;
-use crate::memory::spec::{LayerParams, ModelSpec};
+use crate::memory::prepared::Prepared;
 use crate::memory::stage::Config;
 use crate::memory::terms::{Terms, TermsKey, TERMS_KEY_WORDS};
-
-/// Names of the output columns, in [`Breakdown::to_values`] order.
-pub const OUTPUT_FIELDS: [&str; 18] = [
-    "params",
-    "grads",
-    "optimizer",
-    "activations",
-    "overhead",
-    "total",
-    "act_attention",
-    "act_mlp",
-    "act_norm",
-    "act_embedding",
-    "act_logits",
-    "act_checkpoints",
-    "act_working",
-    "act_comm",
-    "act_mtp",
-    "stage",
-    "layers",
-    "cpu_optimizer",
-];
-
-/// Number of output columns.
-pub const N_OUTPUT_FIELDS: usize = OUTPUT_FIELDS.len();
-
-/// Per-GPU bytes of the busiest pipeline stage.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Breakdown {
-    pub params: f64,
-    pub grads: f64,
-    pub optimizer: f64,
-    pub activations: f64,
-    pub overhead: f64,
-    pub total: f64,
-    /// Attention blocks of the layers in flight.
-    pub act_attention: f64,
-    /// MLP / MoE blocks of the layers in flight.
-    pub act_mlp: f64,
-    /// Norm inputs and statistics (the residual stream) of the layers in flight.
-    pub act_norm: f64,
-    /// Token ids (modern) or the embedding dropout mask (korthikanti) on the first stage.
-    pub act_embedding: f64,
-    /// Final norm, output projection input and logits on the last stage.
-    pub act_logits: f64,
-    /// Layer inputs kept by full recomputation.
-    pub act_checkpoints: f64,
-    /// One layer's activations rebuilt during backward under full recomputation.
-    pub act_working: f64,
-    /// Communication buffers of one layer at a time: expert-parallel all-to-all, context-
-    /// parallel key/value exchange.
-    pub act_comm: f64,
-    /// Multi-token-prediction modules on the last stage: their inputs, layer, head and loss.
-    pub act_mtp: f64,
-    /// Index of the pipeline stage reported.
-    pub stage: f64,
-    /// Transformer layers held by that stage (multi-token-prediction layers not included).
-    pub layers: f64,
-    /// Optimizer state offloaded to CPU memory (not in `total`).
-    pub cpu_optimizer: f64,
-}
-
-impl Breakdown {
-    /// Values in [`OUTPUT_FIELDS`] order.
-    pub fn to_values(&self) -> [f64; N_OUTPUT_FIELDS] {
-        [
-            self.params,
-            self.grads,
-            self.optimizer,
-            self.activations,
-            self.overhead,
-            self.total,
-            self.act_attention,
-            self.act_mlp,
-            self.act_norm,
-            self.act_embedding,
-            self.act_logits,
-            self.act_checkpoints,
-            self.act_working,
-            self.act_comm,
-            self.act_mtp,
-            self.stage,
-            self.layers,
-            self.cpu_optimizer,
-        ]
-    }
-}
-
-/// Quantities derived once per model, shared by every configuration of a grid.
-#[derive(Debug, Clone)]
-pub struct Prepared {
-    pub(crate) spec: ModelSpec,
-    pub(crate) dense_layer: LayerParams,
-    pub(crate) moe_layer: LayerParams,
-    pub(crate) embedding: f64,
-    pub(crate) positions: f64,
-    pub(crate) final_norm: f64,
-    /// One multi-token-prediction module: its layer, its norms and its projection.
-    pub(crate) mtp_layer: LayerParams,
-    pub(crate) mtp_norms: f64,
-    pub(crate) mtp_projection: f64,
-}
-
-impl Prepared {
-    /// Precompute per-layer parameter counts. The spec must have been validated.
-    pub fn new(spec: &ModelSpec) -> Self {
-        let (embedding, positions) = spec.embedding_params();
-        let (final_norm, _) = spec.head_params(false);
-        let (mtp_norms, mtp_projection) = spec.mtp_extra_params();
-        Prepared {
-            mtp_layer: spec.mtp_layer_params(false),
-            mtp_norms,
-            mtp_projection,
-            spec: spec.clone(),
-            dense_layer: spec.layer_params(0, false),
-            moe_layer: spec.layer_params(spec.first_dense_layers, false),
-            embedding,
-            positions,
-            final_norm,
-        }
-    }
-
-    pub fn spec(&self) -> &ModelSpec {
-        &self.spec
-    }
-}
 
 /// Estimate one configuration (the spec must have been validated).
 pub fn estimate(prep: &Prepared, l: &Layout) -> Result<Breakdown, Invalid> {

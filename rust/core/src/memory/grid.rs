@@ -9,11 +9,11 @@ use rayon::prelude::*;
 
 use crate::buffers::zeroed_vec;
 use crate::error::{Error, Result};
-use crate::memory::checks::{field_rule, is_whole_in};
-use crate::memory::estimate::{
-    estimate, estimate_stages, Breakdown, Estimator, Prepared, N_OUTPUT_FIELDS,
-};
-use crate::memory::layout::{Invalid, Layout, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
+use crate::memory::breakdown::{Breakdown, N_OUTPUT_FIELDS};
+use crate::memory::estimate::{estimate, estimate_stages, Estimator};
+use crate::memory::layout::{field_rule, Invalid, Layout, LAYOUT_FIELDS, N_LAYOUT_FIELDS};
+use crate::memory::numeric::is_whole_in;
+use crate::memory::prepared::Prepared;
 use crate::memory::spec::ModelSpec;
 
 /// The values of one input, as the caller has them: floats, or integers (64- or 32-bit) or

@@ -4,7 +4,7 @@
 //! checked to hold whole numbers. Names and order are part of the binding contract
 //! ([`LAYOUT_FIELDS`]).
 
-use crate::memory::checks::FieldRule;
+use crate::memory::numeric::is_whole_in;
 
 /// Activation recomputation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,4 +293,77 @@ impl Invalid {
     pub fn code(self) -> u8 {
         self as u8 + 1
     }
+}
+
+/// What the value of a layout field must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FieldRule {
+    PositiveInteger,
+    /// A non-negative whole number.
+    Count,
+    /// 0, 1, 2 or 3 (a ZeRO stage).
+    FourWay,
+    /// A `recompute` code: 0 to [`MAX_RECOMPUTE_CODE`].
+    RecomputeCode,
+    /// 0 or 1.
+    Flag,
+    /// 0, 1 or 2.
+    ThreeWay,
+    /// A [`PipelineSplit`] code.
+    PipelineSplit,
+    /// A finite number at least 0.
+    NonNegative,
+    /// A number between 0 and 1.
+    Fraction,
+}
+
+impl FieldRule {
+    /// Whether `x` is in the rule's [`FieldRule::range`] and, unless the rule takes any
+    /// number in it, a whole number.
+    #[inline(always)]
+    pub(crate) fn accepts(self, x: f64) -> bool {
+        let (low, high) = self.range();
+        match self {
+            FieldRule::NonNegative | FieldRule::Fraction => (low..=high).contains(&x),
+            _ => is_whole_in(x, low, high),
+        }
+    }
+
+    /// [`FieldRule::accepts`] as numbers: the least and the largest value, and whether the
+    /// value must be whole. A grid checks each value it reads against these, without a
+    /// branch on the rule.
+    #[inline]
+    pub(crate) fn bounds(self) -> (f64, f64, bool) {
+        let (low, high) = self.range();
+        (
+            low,
+            high,
+            !matches!(self, FieldRule::NonNegative | FieldRule::Fraction),
+        )
+    }
+
+    /// The least and the largest value the rule accepts: for whole numbers (an integer
+    /// column), [`FieldRule::accepts`] is just this range check.
+    #[inline(always)]
+    pub(crate) fn range(self) -> (f64, f64) {
+        match self {
+            FieldRule::PositiveInteger => (1.0, f64::MAX),
+            FieldRule::Count | FieldRule::NonNegative => (0.0, f64::MAX),
+            FieldRule::FourWay => (0.0, 3.0),
+            FieldRule::RecomputeCode => (0.0, MAX_RECOMPUTE_CODE),
+            FieldRule::Flag | FieldRule::Fraction => (0.0, 1.0),
+            FieldRule::ThreeWay => (0.0, 2.0),
+            FieldRule::PipelineSplit => (0.0, 4.0),
+        }
+    }
+}
+
+/// The rule field `field` (an index into [`LAYOUT_FIELDS`](crate::memory::LAYOUT_FIELDS))
+/// follows, and the reason reported when a value breaks it (byte sizes for an index past
+/// the fields).
+pub(crate) fn field_rule(field: usize) -> (FieldRule, Invalid) {
+    FIELD_RULES
+        .get(field)
+        .copied()
+        .unwrap_or((FieldRule::NonNegative, Invalid::Bytes))
 }

@@ -1,48 +1,12 @@
 //! The breakdown of one pipeline stage of a valid configuration.
 
 use crate::memory::activations::rotary_tables;
-use crate::memory::checks::TWO_POW_52;
-use crate::memory::estimate::{Breakdown, Prepared};
+use crate::memory::breakdown::Breakdown;
 use crate::memory::layout::Layout;
+use crate::memory::numeric::{ceil, count};
 use crate::memory::pipeline::StageLayers;
-use crate::memory::terms::Terms;
-
-/// `x.ceil()`, without a rounding instruction (portable x86-64 has none, and `f64::ceil`
-/// is a libm call, a tenth of the grid's time) nor a branch (whether a byte count is whole
-/// varies from cell to cell): below 2^52 in magnitude, adding and removing 2^52 (with the
-/// sign of `x`) rounds `x` to the nearest integer, one is added where that is below `x`;
-/// from 2^52 on, every double is whole. Zero and negative zero give zero, as the integer
-/// round trip this replaces did.
-#[inline(always)]
-fn ceil(x: f64) -> f64 {
-    let shift = TWO_POW_52.copysign(x);
-    let nearest = (x + shift) - shift;
-    let up = nearest + if nearest < x { 1.0 } else { 0.0 };
-    if x.abs() < TWO_POW_52 {
-        up
-    } else {
-        x
-    }
-}
-
-/// A count below 2^32 (stages, chunks and layers of a pipeline: at most 4,095) as an
-/// `f64`, by the one-instruction signed conversion rather than the unsigned 64-bit one.
-#[inline(always)]
-fn count(n: u64) -> f64 {
-    f64::from(n as u32)
-}
-
-/// Tokens of a `seq_len`-token sequence on each of `cp` context-parallel ranks: with load
-/// balancing, a sequence is padded to a multiple of `2 * cp` and cut into `2 * cp` chunks,
-/// two per rank (Transformer Engine's and Megatron's convention).
-#[inline(always)]
-pub(crate) fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
-    if cp == 1.0 {
-        seq_len
-    } else {
-        ceil(seq_len / (2.0 * cp)) * 2.0
-    }
-}
+use crate::memory::prepared::Prepared;
+use crate::memory::terms::{cp_rank_tokens, Terms};
 
 /// Whether `l` recomputes fully. A comparison of the code (validated) rather
 /// than of the [`Recompute`] mode: a float comparison chooses between values with masks,
@@ -294,66 +258,6 @@ impl<'a> Config<'a> {
             stage: count(stage),
             layers: n_dense + n_moe,
             cpu_optimizer,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    /// `ceil` is `f64::ceil`, except that what rounds up to zero is +0.0 (as the byte
-    /// counts' integer round trip gave).
-    fn expected_ceil(x: f64) -> f64 {
-        let c = x.ceil();
-        if c == 0.0 {
-            0.0
-        } else {
-            c
-        }
-    }
-
-    #[test]
-    fn ceil_of_edge_values() {
-        let edges = [
-            0.0,
-            -0.0,
-            0.5,
-            -0.5,
-            1.0,
-            1.5,
-            2.5,
-            -2.5,
-            TWO_POW_52 - 0.5,
-            TWO_POW_52,
-            TWO_POW_52 + 1.0,
-            -TWO_POW_52 + 0.5,
-            2f64.powi(63),
-            9.0e18,
-            1e300,
-            f64::MAX,
-            f64::MIN_POSITIVE,
-            5e-324,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-        ];
-        for x in edges {
-            assert_eq!(ceil(x).to_bits(), expected_ceil(x).to_bits(), "{x}");
-        }
-        assert!(ceil(f64::NAN).is_nan());
-    }
-
-    proptest! {
-        #[test]
-        fn ceil_is_the_ceiling(x in any::<f64>(), whole in -(1i64 << 53)..(1i64 << 53)) {
-            prop_assume!(!x.is_nan());
-            prop_assert_eq!(ceil(x).to_bits(), expected_ceil(x).to_bits());
-            let near = whole as f64;
-            for y in [near, near + 0.25, near - 0.25, near / 3.0, near * 1e-9] {
-                prop_assert_eq!(ceil(y).to_bits(), expected_ceil(y).to_bits(), "{}", y);
-            }
         }
     }
 }

@@ -3,10 +3,22 @@
 
 use crate::memory::activations::{ActCtx, Activations, CpComm, LayerActs};
 use crate::memory::checks::{ep_fit, tp_fit};
-use crate::memory::estimate::Prepared;
 use crate::memory::layout::{ActivationModel, Invalid, Layout, Recompute};
+use crate::memory::numeric::ceil;
+use crate::memory::prepared::Prepared;
 use crate::memory::spec::Implementation;
-use crate::memory::stage::cp_rank_tokens;
+
+/// Tokens of a `seq_len`-token sequence on each of `cp` context-parallel ranks: with load
+/// balancing, a sequence is padded to a multiple of `2 * cp` and cut into `2 * cp` chunks,
+/// two per rank (Transformer Engine's and Megatron's convention).
+#[inline(always)]
+pub(crate) fn cp_rank_tokens(seq_len: f64, cp: f64) -> f64 {
+    if cp == 1.0 {
+        seq_len
+    } else {
+        ceil(seq_len / (2.0 * cp)) * 2.0
+    }
+}
 
 /// Routed copies per token relative to `top_k`: the capacity factor when experts' inputs
 /// are padded to capacity, 1 for dropless routing with a balanced load.

@@ -22,7 +22,7 @@ use std::collections::{BinaryHeap, HashSet};
 use rayon::prelude::*;
 
 use crate::error::{at_least, Error, Result};
-use crate::memory::estimate::OUTPUT_FIELDS;
+use crate::memory::breakdown::OUTPUT_FIELDS;
 use crate::memory::grid::{estimate_grid, GridInput, GridTable, Values};
 use crate::memory::layout::{Invalid, Layout, Recompute, INVALID_REASONS, LAYOUT_FIELDS};
 use crate::memory::options::Choice;
