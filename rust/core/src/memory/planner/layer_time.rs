@@ -6,11 +6,11 @@
 use crate::memory::layout::{Layout, Modules};
 use crate::memory::spec::{FfnType, ModelSpec};
 
-use super::hardware::Hardware;
-use super::step_time::{
-    group_bandwidth, on_node, or, ring, steps_latency, Candidate, Constants, Row, SpecTerms,
-    BASE_LATENCY, HIDDEN_PASSES, NETWORK_STEP,
+use super::collectives::{
+    group_bandwidth, on_node, ring, steps_latency, BASE_LATENCY, NETWORK_STEP,
 };
+use super::hardware::Hardware;
+use super::inputs::{or, Candidate, Constants, Row, SpecTerms, HIDDEN_PASSES};
 
 /// What a layer's terms depend on among a candidate's fields.
 #[derive(Debug, Clone, Copy, PartialEq)]

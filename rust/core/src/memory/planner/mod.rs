@@ -8,7 +8,9 @@
 //! the step-time model of [`step_time`] on a [`Hardware`].
 
 pub mod candidates;
+pub mod collectives;
 pub mod hardware;
+pub mod inputs;
 pub mod layer_time;
 pub mod options;
 pub mod step_time;
@@ -31,12 +33,10 @@ use crate::memory::spec::ModelSpec;
 
 pub use candidates::{Bounds, Candidates, Row, Split};
 pub use hardware::{Hardware, HARDWARE_FIGURES, HARDWARE_PRESETS};
+pub use inputs::{Candidate, Constants, SpecTerms, CANDIDATE_FIELDS, OVERLAP_TAX};
 pub use layer_time::{LayerKey, LayerTerms};
 pub use options::recompute_modes;
-pub use step_time::{
-    Candidate, Constants, DataGroups, SpecTerms, StepTime, CANDIDATE_FIELDS, OVERLAP_TAX,
-    TIME_PARTS,
-};
+pub use step_time::{DataGroups, StepTime, TIME_PARTS};
 
 /// What to plan: the cluster, the batch and the options of the memory estimate.
 #[derive(Debug, Clone)]
