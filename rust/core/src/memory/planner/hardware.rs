@@ -115,16 +115,17 @@ impl Hardware {
     pub fn new(figures: [f64; 6], gpus_per_node: i64) -> Result<Hardware> {
         Self::check_figures(&figures, &HARDWARE_FIGURES)?;
         let gpus_per_node = crate::error::at_least(gpus_per_node, 1, "gpus_per_node")?;
-        let [peak_flops, fp8_flops, memory_bandwidth, intra_node_bandwidth, inter_node_bandwidth, memory] =
-            figures;
+        let [peak_flops, fp8_flops, memory_bandwidth, intra_node, inter_node, memory] = figures;
         Ok(Hardware {
-            peak_flops,
-            fp8_flops,
-            memory_bandwidth,
-            intra_node_bandwidth,
-            inter_node_bandwidth,
-            memory,
             gpus_per_node,
+            ..preset(
+                peak_flops,
+                fp8_flops,
+                memory_bandwidth,
+                intra_node,
+                inter_node,
+                memory,
+            )
         })
     }
 
