@@ -1063,3 +1063,7 @@ def test_an_estimate_is_immutable_and_compares_by_its_numbers() -> None:
     assert f"total={estimate.total}" in repr(estimate)
     with pytest.raises(TypeError, match="unhashable"):
         hash(estimate)
+    # Pickled (a process pool's result) and copied whole.
+    assert pickle.loads(pickle.dumps(estimate)) == estimate
+    assert copy.deepcopy(estimate) == estimate
+    assert copy.deepcopy(estimate).options == estimate.options

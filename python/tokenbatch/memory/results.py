@@ -69,6 +69,10 @@ class MemoryEstimate:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"MemoryEstimate is immutable; cannot set {name}")
 
+    def __reduce__(self) -> tuple[type[MemoryEstimate], tuple[Any, ...]]:
+        # Pickled and copied through the constructor: the default would set the slots.
+        return MemoryEstimate, (self.spec, self._options, self._fields, self._row)
+
     @property
     def params(self) -> int:
         """Weight bytes."""
