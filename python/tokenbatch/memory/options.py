@@ -245,6 +245,7 @@ def scalar_fields(options: Mapping[str, Any]) -> list[float]:
     return [float(x) for x in layout_fields(options, _scalar)]
 
 
+#: Types that are never an array, checked first; then those that may be one.
 _PLAIN = (int, float, str, bool)
 _SEQUENCES = (list, tuple, np.ndarray)
 
