@@ -2,6 +2,7 @@
 //! estimate is evaluated for millions of configurations at once, where a libm call or a
 //! mispredicted branch is a large share of a cell's time.
 
+/// 2^52: every double at least this large in magnitude is a whole number.
 pub(crate) const TWO_POW_52: f64 = 4_503_599_627_370_496.0;
 
 /// Whether `x` is a whole number in `[low, high]` (`0 <= low`, `high` finite), without
