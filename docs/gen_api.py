@@ -15,6 +15,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from generated import write_or_check
+
 API = Path(__file__).resolve().parent / "api.md"
 
 #: Modules documented, in order; each lists its public names in ``__all__``.
@@ -130,14 +132,7 @@ def render() -> str:
 
 def main(argv: list[str]) -> int:
     """Write docs/api.md, or with ``--check`` report whether it is up to date."""
-    text = render()
-    if "--check" in argv:
-        if API.read_text() != text:
-            print("docs/api.md is out of date: run python docs/gen_api.py", file=sys.stderr)
-            return 1
-        return 0
-    API.write_text(text)
-    return 0
+    return write_or_check(API, render(), argv, "python docs/gen_api.py")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from generated import replace_block, write_or_check
+
 from tokenbatch.scaling import PUBLISHED_RUNS, ExtrapolationWarning, PublishedRun, launch_plan
 from tokenbatch.scaling.spread import RunScale, Spread, choose
 
@@ -124,21 +126,9 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def _replace(text: str, table: str) -> str:
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + table + text[end:]
-
-
 def main(argv: list[str]) -> int:
-    text = GUIDE.read_text(encoding="utf-8")
-    updated = _replace(text, render())
-    if "--check" in argv:
-        if updated != text:
-            print("the table of published runs in docs/scaling.md is out of date")
-            return 1
-        return 0
-    GUIDE.write_text(updated, encoding="utf-8")
-    return 0
+    updated = replace_block(GUIDE.read_text(encoding="utf-8"), BEGIN, END, render())
+    return write_or_check(GUIDE, updated, argv, "python docs/gen_published_runs.py")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from generated import replace_block, write_or_check
 
 from tokenbatch import ModelSpec, _core, plan_layouts
 from tokenbatch.memory import HARDWARE, PlannedLayout
@@ -263,11 +264,6 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def _replace(text: str, table: str) -> str:
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    return text[:start] + table + text[end:]
-
-
 def _write_fit(constants: Constants) -> None:
     text = FIT.read_text(encoding="utf-8")
     for name, value in zip(("MATMUL_EFFICIENCY", "LAYER_PASS_OVERHEAD"), constants, strict=True):
@@ -281,15 +277,8 @@ def main(argv: list[str]) -> int:
         print("matmul efficiency {}, overhead per layer pass {} s".format(*constants))
         _write_fit(constants)
         return 0
-    text = GUIDE.read_text(encoding="utf-8")
-    updated = _replace(text, render())
-    if "--check" in argv:
-        if updated != text:
-            print("the step-time validation table in docs/memory.md is out of date")
-            return 1
-        return 0
-    GUIDE.write_text(updated, encoding="utf-8")
-    return 0
+    updated = replace_block(GUIDE.read_text(encoding="utf-8"), BEGIN, END, render())
+    return write_or_check(GUIDE, updated, argv, "python docs/gen_step_time_validation.py")
 
 
 if __name__ == "__main__":

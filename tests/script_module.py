@@ -11,7 +11,11 @@ from types import ModuleType
 
 def load_script(path: Path, name: str) -> ModuleType:
     """The module of the script at ``path``, registered as ``name`` (dataclasses and
-    pickling look their module up in ``sys.modules``)."""
+    pickling look their module up in ``sys.modules``). As ``python path`` would, it puts
+    the script's directory first on ``sys.path``, so the script finds its neighbours."""
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")

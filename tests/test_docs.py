@@ -45,3 +45,20 @@ def test_api_reference_is_up_to_date() -> None:
     assert (DOCS / "api.md").read_text() == rendered, (
         "docs/api.md is out of date: run python docs/gen_api.py"
     )
+
+
+def test_a_generated_block_is_checked_then_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    generated = load_script(DOCS / "generated.py", "generated")
+    guide = tmp_path / "guide.md"
+    guide.write_text("intro\n<!-- b -->\nold\n<!-- e -->\nend\n", encoding="utf-8")
+    updated = generated.replace_block(
+        guide.read_text(encoding="utf-8"), "<!-- b -->", "<!-- e -->", "<!-- b -->\nnew\n<!-- e -->"
+    )
+    assert updated == "intro\n<!-- b -->\nnew\n<!-- e -->\nend\n"
+    assert generated.write_or_check(guide, updated, ["--check"], "python gen.py") == 1
+    assert "guide.md is out of date: run python gen.py" in capsys.readouterr().err
+    assert "old" in guide.read_text(encoding="utf-8")  # a check writes nothing
+    assert generated.write_or_check(guide, updated, [], "python gen.py") == 0
+    assert generated.write_or_check(guide, updated, ["--check"], "python gen.py") == 0

@@ -168,6 +168,8 @@ def test_hardware_presets_and_overrides() -> None:
         HARDWARE["h100"].replace(memory_bandwidth=0)
     with pytest.raises(InvalidTypeError, match="plan chooses"):
         plan_layouts(small, vpp=2, **kwargs)
+    with pytest.raises(InvalidTypeError, match="chooses first_stage_layers, pipeline_split, vpp"):
+        plan_layouts(small, vpp=2, pipeline_split="even", first_stage_layers=1, **kwargs)
 
 
 def test_recompute_names_the_modes_the_planner_considers() -> None:

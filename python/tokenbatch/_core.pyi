@@ -10,7 +10,6 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
-# pyo3 lists every name added to the module in __all__; keep this list in step with it.
 __all__ = [
     "DEAL_FORMAT",
     "EMPTY_SLOT",
@@ -58,6 +57,9 @@ __all__ = [
 ]
 
 __version__: str
+
+def set_num_threads(threads: int | None) -> None: ...
+def get_num_threads() -> int: ...
 
 _I64 = npt.NDArray[np.int64]
 _F64 = npt.NDArray[np.float64]
@@ -116,8 +118,6 @@ class Packing:
 
 @final
 class PackingBins(Iterator[_I64]):
-    """Iterator over the bins of a packing."""
-
     def __iter__(self) -> PackingBins: ...
     def __next__(self) -> _I64: ...
 
@@ -162,8 +162,6 @@ _CostKind = Literal["tokens", "attention", "flops"]
 
 @final
 class Dealer:
-    """Deals the bins of one packing, epoch by epoch (see ``tokenbatch.distribute.Dealer``)."""
-
     def __new__(
         cls,
         packing: Packing,
@@ -202,8 +200,6 @@ class Dealer:
 
 @final
 class EpochDeal:
-    """One epoch of data-parallel micro-batches (see ``tokenbatch.distribute.EpochDeal``)."""
-
     @property
     def steps(self) -> _I64: ...
     @property
@@ -229,8 +225,6 @@ class EpochDeal:
 
 @final
 class RankBatches(Iterator[Any]):
-    """Iterator over the batches of one rank: lists of indices or of segments."""
-
     def __iter__(self) -> RankBatches: ...
     def __next__(self) -> Any: ...
     def __length_hint__(self) -> int: ...
@@ -263,18 +257,12 @@ def gather_segments(values: _Words, starts: _I64, lengths: _I64) -> _Words: ...
 
 @final
 class ContextParallelShard:
-    """The part of a packed row that one context-parallel rank processes.
-
-    ``indices``: positions in the padded row of this rank's tokens, in its order (for each
-    document, chunk ``cp_rank`` then chunk ``2 * cp_size - 1 - cp_rank``);
-    ``cu_seqlens``: cumulative real tokens of each document on this rank;
-    ``cu_seqlens_padded``: cumulative tokens of each document on this rank
-    (``cu_seqlens_padded // cp_size`` of the whole row). Read-only int64 arrays.
-    """
+    """The part of a packed row that one context-parallel rank processes (read-only arrays)."""
 
     @property
     def indices(self) -> _I64:
-        """Positions in the padded row of this rank's tokens, in the rank's order."""
+        """Positions in the padded row of this rank's tokens, in its order (for each document,
+        chunk ``cp_rank`` then chunk ``2 * cp_size - 1 - cp_rank``)."""
     @property
     def cu_seqlens(self) -> _I64:
         """Cumulative count of each document's real (not padding) tokens on this rank."""
@@ -291,8 +279,6 @@ def cp_rank_major_order(cu_seqlens_padded: _I64, cp_size: int) -> _I64: ...
 
 @final
 class ShareSchedule:
-    """Target shares of named sources over consumed tokens (see ``tokenbatch.mixture``)."""
-
     def __new__(
         cls, points: list[int], shares: list[float], n_sources: int, interpolation: str
     ) -> ShareSchedule: ...
@@ -300,8 +286,6 @@ class ShareSchedule:
 
 @final
 class MixtureDealer:
-    """Plans passes over a mixture of sources (see ``tokenbatch.torch`` with ``mixture=``)."""
-
     def __new__(
         cls,
         names: list[str],
@@ -330,8 +314,6 @@ class MixtureDealer:
 
 @final
 class MixturePlan:
-    """One pass over a mixture (see ``tokenbatch.mixture.MixturePlan``)."""
-
     @property
     def deal(self) -> EpochDeal: ...
     @property
@@ -349,8 +331,6 @@ class MixturePlan:
 
 @final
 class Schedule:
-    """A validated batch-size schedule (see ``tokenbatch.schedule``)."""
-
     @staticmethod
     def megatron(
         start: int,
@@ -504,19 +484,13 @@ class ModelSpec:
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+_Column = _F64 | _I64 | npt.NDArray[np.int32] | npt.NDArray[np.bool_]
+
 def memory_grid(
     spec: ModelSpec,
     shape: list[int],
-    inputs: list[
-        tuple[
-            npt.NDArray[np.float64]
-            | npt.NDArray[np.int64]
-            | npt.NDArray[np.int32]
-            | npt.NDArray[np.bool_],
-            list[int],
-        ]
-    ],
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.uint8]]: ...
+    inputs: list[tuple[_Column, list[int]]],
+) -> tuple[_F64, npt.NDArray[np.uint8]]: ...
 def memory_estimate(spec: ModelSpec, layout: Sequence[float]) -> tuple[list[float], int]: ...
 def memory_stages(
     spec: ModelSpec, layout: Sequence[float]
@@ -539,7 +513,7 @@ _Hardware = tuple[Sequence[float], int]
 _Constants = tuple[float, float, float | None]
 
 def planner_names() -> tuple[
-    list[tuple[str, list[float], int]], list[str], list[str], list[str]
+    list[tuple[str, list[float], int]], list[str], list[str], list[str], list[str]
 ]: ...
 def planner_check_hardware(figures: Sequence[float], gpus_per_node: int) -> None: ...
 def planner_plan(
@@ -571,19 +545,12 @@ def planner_step_time(
     deduplicated_dispatch: bool,
 ) -> dict[str, npt.NDArray[np.float64]]: ...
 
-# --- threads -------------------------------------------------------------------------
-
-def set_num_threads(threads: int | None) -> None: ...
-def get_num_threads() -> int: ...
-
 # --- stream --------------------------------------------------------------------------
 
 _Segment = tuple[int, int, int]
 
 @final
 class StreamBin:
-    """A bin taken from a stream buffer."""
-
     @property
     def segments(self) -> list[_Segment]: ...
     @property
@@ -591,8 +558,6 @@ class StreamBin:
 
 @final
 class StreamBuffer:
-    """The buffer of a stream packer (see ``tokenbatch.StreamPacker``)."""
-
     STATE_VERSION: ClassVar[int]
     def __new__(
         cls,

@@ -32,6 +32,8 @@ __all__ = ["PlannedLayout", "plan_layouts"]
 
 # The recomputation modes `plan_layouts` considers unless told otherwise.
 _DEFAULT_RECOMPUTE = ("none", "selective", "full")
+#: The layout fields the plan chooses itself, so ``options`` must not name them.
+_CHOSEN = frozenset(_core.planner_names()[4])
 
 _PART_TEXT = {
     "compute": "matmuls and attention, forward, backward and recomputation (roofline)",
@@ -200,10 +202,7 @@ def plan_layouts(
         raise InvalidTypeError(
             f"hardware must be a preset name or a Hardware, got {type(hardware).__name__}"
         )
-    chosen = {"micro_batch", "dp", "tp", "pp", "cp", "ep", "vpp", "zero"}
-    chosen |= {"seq_len", "sequence_parallel", "grad_accum_steps"}
-    chosen |= {"pipeline_split", "first_stage_layers", "last_stage_layers"}
-    clash = chosen & set(options)
+    clash = _CHOSEN.intersection(options)
     if clash:
         raise InvalidTypeError(f"the plan chooses {', '.join(sorted(clash))} itself")
     inputs = scalar_inputs(options)

@@ -6,8 +6,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokenbatch_core::memory::planner::{
-    self, Candidate, Constants, Hardware, Overrides, Request, CANDIDATE_FIELDS, HARDWARE_FIGURES,
-    HARDWARE_PRESETS, OVERLAP_TAX, TIME_PARTS,
+    self, Candidate, Constants, Hardware, Overrides, Request, CANDIDATE_FIELDS, CHOSEN,
+    HARDWARE_FIGURES, HARDWARE_PRESETS, OVERLAP_TAX, TIME_PARTS,
 };
 use tokenbatch_core::memory::{Layout, N_LAYOUT_FIELDS};
 
@@ -48,11 +48,13 @@ fn constants(arg: ConstantsArg, overlap_ep_comm: bool, deduplicated_dispatch: bo
 }
 
 /// The hardware presets (name, figures, GPUs per node), the figures' names, the parts of
-/// a step's time and the candidate fields of `planner_step_time`.
+/// a step's time, the candidate fields of `planner_step_time` and the layout fields the
+/// plan chooses itself.
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 fn planner_names() -> PyResult<(
     Vec<(&'static str, [f64; 6], u64)>,
+    Vec<&'static str>,
     Vec<&'static str>,
     Vec<&'static str>,
     Vec<&'static str>,
@@ -66,6 +68,7 @@ fn planner_names() -> PyResult<(
             HARDWARE_FIGURES.to_vec(),
             TIME_PARTS.to_vec(),
             CANDIDATE_FIELDS.to_vec(),
+            CHOSEN.to_vec(),
         ))
     })
 }

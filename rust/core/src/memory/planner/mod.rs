@@ -141,8 +141,9 @@ impl Plan {
     }
 }
 
-/// The layout fields a candidate sets: the rest come from the request's options.
-const CHOSEN: [&str; 15] = [
+/// The layout fields a candidate sets: the rest come from the request's options, which
+/// must not name these (the Python face refuses them by this list).
+pub const CHOSEN: [&str; 15] = [
     "seq_len",
     "micro_batch",
     "dp",
