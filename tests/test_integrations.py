@@ -20,7 +20,8 @@ from transformers import TrainingArguments
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.integrations.accelerate import prepare_data_loader
 from tokenbatch.integrations.transformers import SAMPLER_STATE_NAME, TokenBudgetTrainer
-from tokenbatch.schedule import LinearRamp
+from tokenbatch.mixture import Mixture
+from tokenbatch.schedule import LinearRamp, Piecewise
 from tokenbatch.torch import TokenBudgetBatchSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "runs"))
@@ -172,6 +173,33 @@ def test_trainer_stops_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "out" / "checkpoint-5" / SAMPLER_STATE_NAME).unlink()
     with pytest.raises(InvalidValueError, match=SAMPLER_STATE_NAME):
         trainer().train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-5"))
+
+
+def test_trainer_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
+    half = len(lengths()) // 2
+    mixed = TokenBudgetBatchSampler(
+        {"web": lengths()[:half], "code": lengths()[half:]},
+        MAX_TOKENS,
+        seed=1,
+        mixture=Mixture({"web": 0.75, "code": 0.25}, max_repetition=2),
+        schedule=Piecewise([(0, 4 * MAX_TOKENS)]),
+    )
+    trainer = TokenBudgetTrainer(
+        model=tiny_llama(),
+        args=args(tmp_path, max_steps=6, logging_steps=2),
+        train_dataset=datasets.Dataset.from_list(documents()),  # web, then code
+        batch_sampler=mixed,
+    )
+    trainer.train()
+    plan = mixed.mixture_plan()
+    assert plan is not None
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in logged] == [2, 4, 6]
+    for k, entry in enumerate(logged):
+        expected = plan.source_tokens[2 * k : 2 * k + 2].sum(axis=0)
+        assert [entry["source_tokens/web"], entry["source_tokens/code"]] == expected.tolist()
+    # The summary of the run carries no counts of its own: none were left unlogged.
+    assert "source_tokens/web" not in trainer.state.log_history[-1]
 
 
 def test_trainer_loss_of_a_packed_row_is_that_of_its_documents_alone(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.integrations.lightning import TokenBudgetCallback
+from tokenbatch.mixture import Mixture
+from tokenbatch.schedule import Piecewise
 from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
 
 pytestmark = [
@@ -84,3 +86,34 @@ def test_lightning_callback_refuses_a_sampler_for_other_ranks(tmp_path: Path) ->
         lightning_trainer(budget, tmp_path).fit(Module(budget))
     with pytest.raises(InvalidTypeError, match="batch_sampler"):
         TokenBudgetCallback(3)  # type: ignore[arg-type]
+
+
+def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
+    half = len(lengths()) // 2
+    mixed = TokenBudgetBatchSampler(
+        {"web": lengths()[:half], "code": lengths()[half:]},
+        MAX_TOKENS,
+        seed=1,
+        mixture=Mixture({"web": 0.75, "code": 0.25}, max_repetition=2),
+        schedule=Piecewise([(0, 4 * MAX_TOKENS)]),
+    )
+    budget = TokenBudgetCallback(mixed)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        callbacks=[budget],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Module(budget))  # the dataset is web's documents, then code's
+    plan = mixed.mixture_plan()
+    assert plan is not None
+    epoch = plan.source_tokens.sum(axis=0)
+    metrics = trainer.callback_metrics
+    assert float(metrics["source_tokens/web_epoch"]) == epoch[0]
+    assert float(metrics["source_tokens/code_epoch"]) == epoch[1]
+    assert float(metrics["source_tokens/code_step"]) == plan.source_tokens[-1][1]

@@ -17,7 +17,7 @@ import tokenbatch as tb
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, TokenBatchError
 from tokenbatch.mixture import Mixture
 from tokenbatch.schedule import Piecewise
-from tokenbatch.torch import TokenBudgetBatchSampler
+from tokenbatch.torch import TokenBudgetBatchSampler, optimizer_steps
 
 STEP = 1 << 20  # tokens per optimizer step
 SHARES = {"web": 0.7, "documents": 0.2, "chat": 0.1}
@@ -94,6 +94,25 @@ def test_every_step_follows_the_shares_within_one_point() -> None:
         lengths = np.concatenate(list(realistic().values()))[indices]
         per_source = np.bincount(source, weights=lengths, minlength=3)
         assert per_source.tolist() == plan.source_tokens[k].tolist()
+
+
+def test_optimizer_steps_carry_the_tokens_of_every_source() -> None:
+    s = sampler(Mixture(SHARES, max_repetition={"chat": 3}), num_replicas=4, rank=1)
+    plan = s.mixture_plan()
+    assert plan is not None
+    steps = optimizer_steps(s)
+    assert steps.sources == plan.sources == tuple(SHARES)
+    assert steps.source_tokens is not None
+    np.testing.assert_array_equal(steps.source_tokens, plan.source_tokens)
+    assert not steps.source_tokens.flags.writeable
+    # Another epoch is counted from its own plan, and a sampler without sources has none.
+    s.set_epoch(1)
+    later = s.mixture_plan()
+    assert later is not None
+    np.testing.assert_array_equal(optimizer_steps(s).source_tokens, later.source_tokens)
+    plain = optimizer_steps(TokenBudgetBatchSampler(realistic()["web"], 8192, num_replicas=4))
+    assert plain.sources is None
+    assert plain.source_tokens is None
 
 
 def uses_per_source(s: TokenBudgetBatchSampler) -> list[Counter[int]]:

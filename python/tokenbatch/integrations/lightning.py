@@ -21,7 +21,9 @@ tokens of its whole optimizer step over all ranks to normalize the loss::
 
 ``use_distributed_sampler=False`` keeps Lightning from replacing the sampler: the plan is
 already distributed (with it on, Lightning refuses the sampler before training, naming the
-option). The callback uses Lightning's hooks only, and at every epoch's start checks that
+option). With a ``mixture`` sampler, every optimizer step logs ``source_tokens/<source>``,
+the real tokens it took from each source over all ranks. The callback uses Lightning's
+hooks only, and at every epoch's start checks that
 the loader Lightning trains on still draws from its sampler.
 
 Given an ``eval_batch_sampler`` (an :class:`~tokenbatch.torch.EvaluationBatchSampler`),
@@ -220,8 +222,25 @@ class TokenBudgetCallback(pl.Callback):
         batch_idx: int,
     ) -> None:
         """Count the micro-batches of the epoch trained on (``batch_idx`` counts from the
-        epoch's start, also after a resume)."""
+        epoch's start, also after a resume); at the end of an optimizer step of a mixture
+        sampler, log ``source_tokens/<source>``, the real tokens the step took from each
+        source over all ranks (per step, and summed over the epoch)."""
         self._position = batch_idx + 1
+        steps = self.steps
+        if steps.sources is None or steps.source_tokens is None:
+            return
+        step = steps.step_of(batch_idx)
+        if int(steps.offsets[step + 1]) != batch_idx + 1:
+            return
+        for name, tokens in zip(steps.sources, steps.source_tokens[step], strict=True):
+            pl_module.log(
+                f"source_tokens/{name}",
+                float(tokens),
+                on_step=True,
+                on_epoch=True,
+                reduce_fx="sum",
+                sync_dist=False,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's position: the micro-batches the loop has trained on (Lightning

@@ -20,12 +20,14 @@ It gives, on any number of data-parallel processes:
   over all ranks, counted from the plan without a collective (``num_items_in_batch``);
 * exact resume from a Trainer checkpoint mid-epoch: the sampler's position is saved in
   the checkpoint folder (``tokenbatch_sampler.json``) and restored, and the Trainer does
-  not skip (replay) batches itself.
+  not skip (replay) batches itself;
+* with a ``mixture`` sampler, every training log holds ``source_tokens/<source>``: the real
+  tokens each source gave the optimizer steps since the previous log, over all ranks.
 
 It is built on the Trainer's public extension points: ``get_train_dataloader``,
-``set_initial_training_values``, ``get_batch_samples``, ``training_step`` and
-``floating_point_ops`` overridden, a ``TrainerCallback`` that saves the sampler's position
-with every checkpoint, and the arguments ``ignore_data_skip`` and
+``set_initial_training_values``, ``get_batch_samples``, ``training_step``,
+``floating_point_ops`` and ``log`` overridden, a ``TrainerCallback`` that saves the
+sampler's position with every checkpoint, and the arguments ``ignore_data_skip`` and
 ``gradient_accumulation_steps``: the Trainer's loop sees one item per optimizer step (all
 its micro-batches), so ``trainer.args`` is a copy of the arguments with
 ``gradient_accumulation_steps=1`` and ``ignore_data_skip=True`` (the sampler starts where
@@ -151,9 +153,9 @@ class _StepCursor:
 
     def next_step(self) -> tuple[list[Any], int]:
         """The micro-batches left of the optimizer step at the current position, and the
-        label tokens of the whole step (all ranks); nothing at the end of the epoch."""
+        step's index; nothing (and -1) at the end of the epoch."""
         if self.position >= self.steps.n_micro_batches:
-            return [], 0
+            return [], -1
         step = self.steps.step_of(self.position)
         end = int(self.steps.offsets[step + 1])
         batches = list(itertools.islice(self.iterator, end - self.position))
@@ -163,7 +165,7 @@ class _StepCursor:
                 f"epoch {self.steps.epoch}, but the sampler planned {self.steps.n_micro_batches}"
             )
         self.position = end
-        return batches, int(self.steps.label_tokens[step])
+        return batches, step
 
 
 class TokenBudgetTrainerMixin(EvaluationTrainerMixin):
@@ -219,6 +221,8 @@ class TokenBudgetTrainerMixin(EvaluationTrainerMixin):
         self._checked = False
         self._label_counts = label_counts
         self._cursor: _StepCursor | None = None
+        # Tokens per source of the steps taken since the last log (mixture samplers).
+        self._unlogged_source_tokens: npt.NDArray[np.int64] | None = None
         # (global step, epoch to start at) of the checkpoint train() resumes from.
         self._resume: tuple[int, int] | None = None
         self.add_callback(_SaveSamplerState(self))
@@ -354,9 +358,15 @@ class TokenBudgetTrainerMixin(EvaluationTrainerMixin):
             sampler = self.token_budget_sampler
             cursor = _StepCursor(epoch_iterator, self.optimizer_steps(), sampler.start_step)
             self._cursor = cursor
-        batches, label_tokens = cursor.next_step()
+        batches, step = cursor.next_step()
         if not batches:
             return [], None
+        source_tokens = cursor.steps.source_tokens
+        if source_tokens is not None:
+            unlogged = self._unlogged_source_tokens
+            taken = source_tokens[step]
+            self._unlogged_source_tokens = taken if unlogged is None else unlogged + taken
+        label_tokens = int(cursor.steps.label_tokens[step])
         return [_StepBatches(batches)], torch.tensor(label_tokens, device=device)
 
     def training_step(
@@ -388,6 +398,18 @@ class TokenBudgetTrainerMixin(EvaluationTrainerMixin):
         """The Trainer's loss of a packed micro-batch, with the model's cache off so that its
         documents do not attend to each other."""
         return super().compute_loss(model, without_cache(self.model, inputs), *args, **kwargs)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """``Trainer.log``, with ``source_tokens/<source>`` added for a mixture sampler: the
+        real tokens each source gave the optimizer steps since the previous log (all
+        ranks). Logs without new steps (evaluation) are left as they are."""
+        unlogged = self._unlogged_source_tokens
+        if unlogged is not None:
+            names = self.token_budget_sampler.sources or ()
+            counts = {f"source_tokens/{n}": int(t) for n, t in zip(names, unlogged, strict=True)}
+            logs = {**logs, **counts}
+            self._unlogged_source_tokens = None
+        super().log(logs, *args, **kwargs)
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         """FLOPs of a micro-batch, or of every micro-batch of an optimizer step."""

@@ -46,12 +46,18 @@ class OptimizerSteps:
         label_tokens: int64, one per step: the label tokens (tokens whose next-token
             prediction is trained) of all micro-batches of the step on all ranks.
         num_replicas: the number of data-parallel ranks of the deal.
+        sources: the source names of a mixture sampler (``None`` without a mixture).
+        source_tokens: int64 ``(len(self), len(sources))`` with a mixture: the real tokens
+            every step takes from every source, on all ranks (what the trainer
+            integrations log); ``None`` without a mixture.
     """
 
     epoch: int
     offsets: _I64
     label_tokens: _I64
     num_replicas: int
+    sources: tuple[str, ...] | None = None
+    source_tokens: _I64 | None = None
 
     def __len__(self) -> int:
         """Optimizer steps in the epoch."""
@@ -149,14 +155,36 @@ def optimizer_steps(
     bins = _bin_label_tokens(deal, sampler.lengths, label_counts)
     per_micro_batch = bins[deal.steps].sum(axis=1) if n_micro else np.zeros(0, dtype=np.int64)
     label_tokens = _range_sums(per_micro_batch, offsets)
-    offsets.flags.writeable = False
-    label_tokens.flags.writeable = False
+    source_tokens = _source_tokens(deal, sampler.source_offsets, offsets)
+    for array in (offsets, label_tokens, source_tokens):
+        if array is not None:
+            array.flags.writeable = False
     return OptimizerSteps(
         epoch=sampler.epoch,
         offsets=offsets,
         label_tokens=label_tokens,
         num_replicas=sampler.num_replicas,
+        sources=sampler.sources,
+        source_tokens=source_tokens,
     )
+
+
+def _source_tokens(deal: EpochDeal, bounds: _I64 | None, offsets: _I64) -> _I64 | None:
+    """Real tokens of every source in every step (``bounds``: the sources' offsets in the
+    global indices), or ``None`` without sources."""
+    if bounds is None:
+        return None
+    n_sources = len(bounds) - 1
+    n_bins = len(deal.bin_offsets) - 1
+    source = np.searchsorted(bounds, deal.indices, side="right") - 1
+    bin_of = np.repeat(np.arange(n_bins), np.diff(deal.bin_offsets))
+    # Float sums of integers are exact below 2**53 tokens.
+    per_bin = np.bincount(
+        bin_of * n_sources + source, weights=deal.lengths, minlength=n_bins * n_sources
+    )
+    per_bin = per_bin.astype(np.int64).reshape(n_bins, n_sources)
+    per_micro_batch = per_bin[deal.steps].sum(axis=1)
+    return _range_sums(per_micro_batch.reshape(-1, n_sources), offsets)
 
 
 def _bin_label_tokens(
@@ -191,8 +219,9 @@ def _bin_label_tokens(
 
 
 def _range_sums(values: _I64, offsets: _I64) -> _I64:
-    """``values[offsets[i]:offsets[i + 1]].sum()`` for every ``i`` (empty ranges sum to 0)."""
-    cumulative = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(values, out=cumulative[1:])
+    """``values[offsets[i]:offsets[i + 1]].sum(axis=0)`` for every ``i`` (empty ranges sum
+    to 0)."""
+    cumulative = np.zeros((len(values) + 1, *values.shape[1:]), dtype=np.int64)
+    np.cumsum(values, axis=0, out=cumulative[1:])
     sums: _I64 = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
     return sums
