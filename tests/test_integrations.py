@@ -176,9 +176,16 @@ def test_trainer_stops_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
 
 
 def test_trainer_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
-    half = len(lengths()) // 2
+    # Two Hugging Face datasets as the sources: the sampler's lengths per source, the
+    # Trainer's dataset their concatenation in the same order.
+    half = len(documents()) // 2
+    web = datasets.Dataset.from_list(documents()[:half])
+    code = datasets.Dataset.from_list(documents()[half:])
     mixed = TokenBudgetBatchSampler(
-        {"web": lengths()[:half], "code": lengths()[half:]},
+        {
+            name: [len(ids) for ids in ds["input_ids"]]
+            for name, ds in [("web", web), ("code", code)]
+        },
         MAX_TOKENS,
         seed=1,
         mixture=Mixture({"web": 0.75, "code": 0.25}, max_repetition=2),
@@ -187,7 +194,7 @@ def test_trainer_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) ->
     trainer = TokenBudgetTrainer(
         model=tiny_llama(),
         args=args(tmp_path, max_steps=6, logging_steps=2),
-        train_dataset=datasets.Dataset.from_list(documents()),  # web, then code
+        train_dataset=datasets.concatenate_datasets([web, code]),
         batch_sampler=mixed,
     )
     trainer.train()

@@ -88,17 +88,38 @@ def test_lightning_callback_refuses_a_sampler_for_other_ranks(tmp_path: Path) ->
         TokenBudgetCallback(3)  # type: ignore[arg-type]
 
 
-def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
+class ManualModule(Module):
+    """Steps the optimizer where the plan's steps end (a schedule or mixture sampler)."""
+
+    def __init__(self, budget: TokenBudgetCallback) -> None:
+        super().__init__(budget)
+        self.automatic_optimization = False
+        self.optimizer_steps = 0
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        if self.budget.is_step_end(batch_idx):
+            optimizer = self.optimizers()
+            optimizer.step()  # type: ignore[union-attr]
+            optimizer.zero_grad()  # type: ignore[union-attr]
+            self.optimizer_steps += 1
+        return loss
+
+
+def mixture_sampler() -> TokenBudgetBatchSampler:
     half = len(lengths()) // 2
-    mixed = TokenBudgetBatchSampler(
+    return TokenBudgetBatchSampler(
         {"web": lengths()[:half], "code": lengths()[half:]},
         MAX_TOKENS,
         seed=1,
         mixture=Mixture({"web": 0.75, "code": 0.25}, max_repetition=2),
         schedule=Piecewise([(0, 4 * MAX_TOKENS)]),
     )
-    budget = TokenBudgetCallback(mixed)
-    trainer = pl.Trainer(
+
+
+def one_epoch_trainer(budget: TokenBudgetCallback, tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(
         accelerator="cpu",
         devices=1,
         max_epochs=1,
@@ -109,11 +130,25 @@ def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_pat
         enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
-    trainer.fit(Module(budget))  # the dataset is web's documents, then code's
+
+
+def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
+    mixed = mixture_sampler()
+    budget = TokenBudgetCallback(mixed)
+    module = ManualModule(budget)
+    trainer = one_epoch_trainer(budget, tmp_path)
+    trainer.fit(module)  # the dataset is web's documents, then code's
     plan = mixed.mixture_plan()
     assert plan is not None
+    assert module.optimizer_steps == len(plan) == len(budget.steps)
     epoch = plan.source_tokens.sum(axis=0)
     metrics = trainer.callback_metrics
     assert float(metrics["source_tokens/web_epoch"]) == epoch[0]
     assert float(metrics["source_tokens/code_epoch"]) == epoch[1]
     assert float(metrics["source_tokens/code_step"]) == plan.source_tokens[-1][1]
+
+
+def test_lightning_refuses_a_schedule_under_automatic_optimization(tmp_path: Path) -> None:
+    budget = TokenBudgetCallback(mixture_sampler())
+    with pytest.raises(InvalidValueError, match="automatic_optimization = False"):
+        one_epoch_trainer(budget, tmp_path).fit(Module(budget))

@@ -21,10 +21,12 @@ tokens of its whole optimizer step over all ranks to normalize the loss::
 
 ``use_distributed_sampler=False`` keeps Lightning from replacing the sampler: the plan is
 already distributed (with it on, Lightning refuses the sampler before training, naming the
-option). With a ``mixture`` sampler, every optimizer step logs ``source_tokens/<source>``,
-the real tokens it took from each source over all ranks. The callback uses Lightning's
-hooks only, and at every epoch's start checks that
-the loader Lightning trains on still draws from its sampler.
+option). A sampler with a ``schedule`` (or a ``mixture``) decides how many micro-batches
+make each optimizer step: the module then uses manual optimization and steps where
+:meth:`TokenBudgetCallback.is_step_end` says (automatic optimization is refused). With a
+``mixture``, every optimizer step logs ``source_tokens/<source>``, the real tokens it took
+from each source over all ranks. The callback uses Lightning's hooks only, and at every
+epoch's start checks that the loader Lightning trains on still draws from its sampler.
 
 Given an ``eval_batch_sampler`` (an :class:`~tokenbatch.torch.EvaluationBatchSampler`),
 the callback also runs exact validation: every document of the validation set once over
@@ -149,9 +151,28 @@ class TokenBudgetCallback(pl.Callback):
         ``batch_idx`` of the current epoch (Hugging Face models' ``num_items_in_batch``)."""
         return self.steps.num_items_in_batch(batch_idx)
 
+    def is_step_end(self, batch_idx: int) -> bool:
+        """Whether micro-batch ``batch_idx`` of the current epoch completes an optimizer
+        step of the plan: where a module under manual optimization steps its optimizer
+        when the sampler has a ``schedule`` (or a ``mixture``)."""
+        steps = self.steps
+        return int(steps.offsets[steps.step_of(batch_idx) + 1]) == batch_idx + 1
+
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Build the sampler (once the processes exist) and check it against the Trainer."""
-        _check_ranks(self._source.build(), trainer)
+        """Build the sampler (once the processes exist) and check it against the Trainer:
+        a sampler ``schedule`` (or ``mixture``) sets how many micro-batches make each
+        optimizer step, which Lightning's automatic optimization cannot follow, so it
+        needs manual optimization."""
+        sampler = self._source.build()
+        _check_ranks(sampler, trainer)
+        if sampler.schedule is not None and pl_module.automatic_optimization:
+            raise InvalidValueError(
+                "the sampler's schedule (or mixture) sets how many micro-batches make each "
+                "optimizer step, but Lightning's automatic optimization steps every "
+                "accumulate_grad_batches micro-batches: set automatic_optimization = False in "
+                "the LightningModule and step the optimizer where "
+                "TokenBudgetCallback.is_step_end(batch_idx)"
+            )
         self._world_size = trainer.world_size
         self._accumulate = trainer.accumulate_grad_batches
         source = self._eval_source
@@ -227,11 +248,9 @@ class TokenBudgetCallback(pl.Callback):
         source over all ranks (per step, and summed over the epoch)."""
         self._position = batch_idx + 1
         steps = self.steps
-        if steps.sources is None or steps.source_tokens is None:
+        if steps.sources is None or steps.source_tokens is None or not self.is_step_end(batch_idx):
             return
         step = steps.step_of(batch_idx)
-        if int(steps.offsets[step + 1]) != batch_idx + 1:
-            return
         for name, tokens in zip(steps.sources, steps.source_tokens[step], strict=True):
             pl_module.log(
                 f"source_tokens/{name}",
