@@ -20,6 +20,7 @@ from run_support import (
     Log,
     decode,
     documents,
+    leave_process_group,
     lengths,
     step_normalized_loss,
     tiny_llama,
@@ -70,3 +71,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave_process_group()

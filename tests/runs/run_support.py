@@ -242,3 +242,11 @@ def torchrun(script: Path, args: list[str], *, nproc: int, cwd: Path, timeout: f
     """Run ``script args`` on ``nproc`` CPU processes under torchrun."""
     launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     run([*launcher, f"--master_port={free_port()}", str(script), *args], cwd=cwd, timeout=timeout)
+
+
+def leave_process_group() -> None:
+    """Destroy the default process group if one is up: a process that exits with a gloo
+    group still alive can abort in the teardown of its threads ("terminate called without
+    an active exception")."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -11,7 +11,15 @@ import sys
 from pathlib import Path
 
 import datasets
-from run_support import MAX_TOKENS, Log, RecordingMixin, texts, tiny_llama, tiny_tokenizer
+from run_support import (
+    MAX_TOKENS,
+    Log,
+    RecordingMixin,
+    leave_process_group,
+    texts,
+    tiny_llama,
+    tiny_tokenizer,
+)
 from trl import SFTConfig
 
 from tokenbatch.integrations.trl import TokenBudgetSFTTrainer
@@ -53,3 +61,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave_process_group()
