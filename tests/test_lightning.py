@@ -53,12 +53,12 @@ class Module(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def lightning_trainer(budget: TokenBudgetCallback, tmp_path: Path) -> pl.Trainer:
+def lightning_trainer(budget: TokenBudgetCallback, tmp_path: Path, **length: Any) -> pl.Trainer:
+    """A CPU Trainer of 3 steps of 2 micro-batches, or of the run ``length`` gives."""
     return pl.Trainer(
         accelerator="cpu",
         devices=1,
-        max_steps=3,
-        accumulate_grad_batches=2,
+        **(length or {"max_steps": 3, "accumulate_grad_batches": 2}),
         callbacks=[budget],
         logger=False,
         enable_progress_bar=False,
@@ -118,25 +118,11 @@ def mixture_sampler() -> TokenBudgetBatchSampler:
     )
 
 
-def one_epoch_trainer(budget: TokenBudgetCallback, tmp_path: Path) -> pl.Trainer:
-    return pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        callbacks=[budget],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
-
-
 def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
     mixed = mixture_sampler()
     budget = TokenBudgetCallback(mixed)
     module = ManualModule(budget)
-    trainer = one_epoch_trainer(budget, tmp_path)
+    trainer = lightning_trainer(budget, tmp_path, max_epochs=1)
     trainer.fit(module)  # the dataset is web's documents, then code's
     plan = mixed.mixture_plan()
     assert plan is not None
@@ -151,4 +137,4 @@ def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_pat
 def test_lightning_refuses_a_schedule_under_automatic_optimization(tmp_path: Path) -> None:
     budget = TokenBudgetCallback(mixture_sampler())
     with pytest.raises(InvalidValueError, match="automatic_optimization = False"):
-        one_epoch_trainer(budget, tmp_path).fit(Module(budget))
+        lightning_trainer(budget, tmp_path, max_epochs=1).fit(Module(budget))
