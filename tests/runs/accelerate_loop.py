@@ -20,7 +20,7 @@ from run_support import (
     Log,
     decode,
     documents,
-    leave_process_group,
+    exit_when_every_rank_is_done,
     lengths,
     step_normalized_loss,
     tiny_llama,
@@ -71,4 +71,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    leave_process_group()
+    exit_when_every_rank_is_done()

@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 from evaluation import EVAL_MAX_TOKENS, corpus, log_result
-from run_support import MAX_TOKENS, Log, documents, leave_process_group, lengths, tiny_llama
+from run_support import (
+    MAX_TOKENS,
+    Log,
+    documents,
+    exit_when_every_rank_is_done,
+    lengths,
+    tiny_llama,
+)
 from transformers import TrainingArguments
 
 from tokenbatch.integrations.transformers import TokenBudgetTrainer
@@ -42,4 +49,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    leave_process_group()
+    exit_when_every_rank_is_done()

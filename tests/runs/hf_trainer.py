@@ -24,7 +24,7 @@ from run_support import (
     Log,
     RecordingMixin,
     documents,
-    leave_process_group,
+    exit_when_every_rank_is_done,
     lengths,
     load_checkpoints_on_the_cpu,
     start_workers_from_a_fork_server,
@@ -109,4 +109,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    leave_process_group()
+    exit_when_every_rank_is_done()

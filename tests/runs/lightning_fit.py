@@ -20,7 +20,7 @@ from run_support import (
     MAX_TOKENS,
     Log,
     documents,
-    leave_process_group,
+    exit_when_every_rank_is_done,
     lengths,
     start_workers_from_a_fork_server,
     step_normalized_loss,
@@ -119,4 +119,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    leave_process_group()
+    exit_when_every_rank_is_done()

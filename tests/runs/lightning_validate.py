@@ -13,7 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from evaluation import EVAL_MAX_TOKENS, corpus, log_result
-from run_support import MAX_TOKENS, Log, leave_process_group, lengths, tiny_llama
+from run_support import MAX_TOKENS, Log, exit_when_every_rank_is_done, lengths, tiny_llama
 from torch.utils.data import DataLoader
 
 from tokenbatch.integrations.lightning import TokenBudgetCallback
@@ -70,4 +70,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    leave_process_group()
+    exit_when_every_rank_is_done()

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -244,9 +244,19 @@ def torchrun(script: Path, args: list[str], *, nproc: int, cwd: Path, timeout: f
     run([*launcher, f"--master_port={free_port()}", str(script), *args], cwd=cwd, timeout=timeout)
 
 
-def leave_process_group() -> None:
-    """Destroy the default process group if one is up: a process that exits with a gloo
-    group still alive can abort in the teardown of its threads ("terminate called without
-    an active exception")."""
+def exit_when_every_rank_is_done() -> NoReturn:
+    """End this rank's process once every rank is done: at a barrier when a process group
+    is up, then at once, without the interpreter's teardown. Every rank must call this.
+
+    Neither way of tearing down a gloo group is safe at exit. Exiting with the group
+    alive can abort in the teardown of its threads ("terminate called without an active
+    exception"), and ``destroy_process_group`` can deadlock on torch 2.6: the group's
+    destructor holds the GIL while it joins a gloo worker thread, and that thread, freeing
+    a finished collective's tensor, waits for the GIL (``hf_evaluate.py`` on the oldest
+    stack, about 1 run in 20 under load). :class:`Log` flushes every record, so nothing is
+    lost by skipping the teardown."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        torch.distributed.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -15,7 +15,7 @@ from run_support import (
     MAX_TOKENS,
     Log,
     RecordingMixin,
-    leave_process_group,
+    exit_when_every_rank_is_done,
     texts,
     tiny_llama,
     tiny_tokenizer,
@@ -61,4 +61,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    leave_process_group()
+    exit_when_every_rank_is_done()
