@@ -146,6 +146,38 @@ def test_trainer_normalizes_by_the_label_tokens_of_all_ranks(hf_trainer: Logs, p
     assert_num_items_count_every_rank(hf_trainer[f"{prefix}uninterrupted"])
 
 
+def test_trainer_trains_each_rank_on_its_share_of_a_mixture_of_datasets(hf_trainer: Logs) -> None:
+    # The sources are two datasets.Dataset and the Trainer's dataset their concatenation:
+    # each rank trains on its own sampler's micro-batches, in the plan's steps; the steps
+    # of both ranks together hold the plan's tokens of each source; every rank logs them.
+    steps, every = run_support.MIXTURE_STEPS, run_support.MIXTURE_LOGGING_STEPS
+    source_of = np.zeros(run_support.N_DOCS, dtype=np.int64)
+    for s, part in enumerate(run_support.MIXTURE_SOURCES.values()):
+        source_of[part] = s
+    doc_lengths = run_support.lengths()
+    trained = np.zeros((steps, len(run_support.MIXTURE_SOURCES)), dtype=np.int64)
+    for rank, records in hf_trainer["mixture"].items():
+        sampler = run_support.mixture_sampler(rank)
+        plan_steps = optimizer_steps(sampler)
+        n_micro = int(plan_steps.offsets[steps])
+        expected = [batch for _, batch in zip(range(n_micro), sampler, strict=False)]
+        assert [r["docs"] for r in records] == expected
+        assert [r["step"] for r in records] == [plan_steps.step_of(i) for i in range(n_micro)]
+        for r in records:
+            np.add.at(trained[r["step"]], source_of[r["docs"]], doc_lengths[r["docs"]])
+    plan = run_support.mixture_sampler(0).mixture_plan()
+    assert plan is not None
+    np.testing.assert_array_equal(trained, plan.source_tokens[:steps])
+    assert sorted(hf_trainer["mixture_logs"]) == [0, 1]
+    for (log,) in hf_trainer["mixture_logs"].values():
+        logged = [entry for entry in log["history"] if "loss" in entry]
+        assert [entry["step"] for entry in logged] == list(range(every, steps + 1, every))
+        for entry in logged:
+            since = trained[entry["step"] - every : entry["step"]].sum(axis=0)
+            counts = [entry[f"source_tokens/{name}"] for name in run_support.MIXTURE_SOURCES]
+            assert counts == since.tolist()
+
+
 @pytest.mark.parametrize("prefix", ["", "schedule_"])
 def test_trainer_resumes_mid_epoch_exactly(hf_trainer: Logs, prefix: str) -> None:
     assert_resumed_exactly(

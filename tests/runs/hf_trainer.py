@@ -8,7 +8,9 @@ Trainer), and logs every micro-batch each rank trains on:
   optimizer step ``TRAINER_STOP["ga"]`` (in the second epoch); ``resumed``: a new Trainer resumes
   from that checkpoint;
 * ``schedule_uninterrupted``, ``schedule_stopped``, ``schedule_resumed``: the same with a
-  batch-size ramp deciding the optimizer steps (stopped at ``TRAINER_STOP["schedule"]``).
+  batch-size ramp deciding the optimizer steps (stopped at ``TRAINER_STOP["schedule"]``);
+* ``mixture``: ``MIXTURE_STEPS`` steps of a mixture of two ``datasets.Dataset`` sources,
+  trained on their concatenation; ``mixture_logs`` holds each rank's log history.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import datasets
 from run_support import (
     MAX_TOKENS,
+    MIXTURE_LOGGING_STEPS,
+    MIXTURE_SOURCES,
+    MIXTURE_STEPS,
     SCHEDULE,
     TRAINER_STOP,
     Log,
@@ -27,6 +33,7 @@ from run_support import (
     exit_when_every_rank_is_done,
     lengths,
     load_checkpoints_on_the_cpu,
+    mixture_sampler,
     start_workers_from_a_fork_server,
     tiny_llama,
 )
@@ -94,6 +101,31 @@ def run(
     trainer.train(resume_from_checkpoint=resume)
 
 
+def run_mixture(out: Path) -> None:
+    args = TrainingArguments(
+        str(out / "mixture"),
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        ddp_find_unused_parameters=False,
+        max_steps=MIXTURE_STEPS,
+        logging_steps=MIXTURE_LOGGING_STEPS,
+        save_strategy="no",
+        seed=0,
+    )
+    docs = documents()
+    sources = [datasets.Dataset.from_list(docs[part]) for part in MIXTURE_SOURCES.values()]
+    trainer = RecordingTrainer(
+        model=tiny_llama(),
+        args=args,
+        train_dataset=datasets.concatenate_datasets(sources),
+        batch_sampler=mixture_sampler(),
+    )
+    trainer.records = Log(out, "mixture")
+    trainer.train()
+    Log(out, "mixture_logs").write(history=trainer.state.log_history)
+
+
 def main() -> None:
     start_workers_from_a_fork_server()
     load_checkpoints_on_the_cpu()
@@ -105,6 +137,7 @@ def main() -> None:
         options: dict[str, Any] = {"schedule": schedule, "workers": 1, "save_steps": stop}
         run(out, f"{prefix}stopped", stopped, stop=stop, **options)
         run(out, f"{prefix}resumed", stopped, resume=f"{stopped}/checkpoint-{stop}", **options)
+    run_mixture(out)
 
 
 if __name__ == "__main__":

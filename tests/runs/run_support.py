@@ -23,7 +23,9 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from tokenbatch.schedule import LinearRamp
+from tokenbatch.mixture import Mixture
+from tokenbatch.schedule import LinearRamp, Piecewise
+from tokenbatch.torch import TokenBudgetBatchSampler
 
 VOCAB = 128
 N_DOCS = 480
@@ -33,12 +35,31 @@ SCHEDULE = LinearRamp(1024, 4096, 30_000, unit="tokens")
 #: Optimizer step the Trainer runs stop at, in the middle of the second epoch (19 + 19
 #: steps of 2 micro-batches, 16 + 10 steps under the ramp).
 TRAINER_STOP = {"ga": 28, "schedule": 20}
+#: The mixture run's sources: the first and second half of the documents, in that order.
+MIXTURE_SOURCES = {"web": slice(0, N_DOCS // 2), "code": slice(N_DOCS // 2, N_DOCS)}
+#: Its optimizer steps (of 4 micro-batches' tokens over both ranks) and its log interval.
+MIXTURE_STEPS, MIXTURE_LOGGING_STEPS = 6, 2
 
 
 def lengths(n: int = N_DOCS, seed: int = 0) -> np.ndarray:
     """Document lengths in [2, 400], skewed towards short ones."""
     rng = np.random.default_rng(seed)
     return np.clip(rng.lognormal(4.0, 0.9, n).astype(np.int64), 2, 400)
+
+
+def mixture_sampler(rank: int | None = None) -> TokenBudgetBatchSampler:
+    """The mixture run's sampler: 3 tokens of web to 1 of code, each source repeated at
+    most twice. ``rank`` given: that rank's sampler of 2 (otherwise the process group's)."""
+    all_lengths = lengths()
+    ranks = {} if rank is None else {"num_replicas": 2, "rank": rank}
+    return TokenBudgetBatchSampler(
+        {name: all_lengths[part] for name, part in MIXTURE_SOURCES.items()},
+        MAX_TOKENS,
+        seed=1,
+        mixture=Mixture({"web": 0.75, "code": 0.25}, max_repetition=2),
+        schedule=Piecewise([(0, 4 * MAX_TOKENS)]),
+        **ranks,
+    )
 
 
 def documents(n: int = N_DOCS, seed: int = 0) -> list[dict[str, list[int]]]:
