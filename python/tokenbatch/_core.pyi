@@ -4,7 +4,7 @@ Private API: use the typed wrappers of the ``tokenbatch`` package instead.
 """
 
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Literal, final
+from typing import Any, ClassVar, Literal, TypedDict, final
 
 import numpy as np
 import numpy.typing as npt
@@ -155,7 +155,6 @@ def pack_costs(
 ) -> Packing: ...
 
 # --- dealing ---
-
 DEAL_FORMAT: int
 
 _CostKind = Literal["tokens", "attention", "flops"]
@@ -233,7 +232,6 @@ def mix_seed(parts: list[int]) -> int: ...
 def permutation(seed: int, n: int) -> _I64: ...
 
 # --- evaluation ---
-
 EMPTY_SLOT: int
 
 def evaluation_table(
@@ -246,7 +244,6 @@ def evaluation_table(
 ) -> npt.NDArray[np.int64]: ...
 
 # --- gather ---
-
 _Words = (
     npt.NDArray[np.uint8] | npt.NDArray[np.uint16] | npt.NDArray[np.uint32] | npt.NDArray[np.uint64]
 )
@@ -254,7 +251,6 @@ _Words = (
 def gather_segments(values: _Words, starts: _I64, lengths: _I64) -> _Words: ...
 
 # --- context parallelism ---
-
 @final
 class ContextParallelShard:
     """The part of a packed row that one context-parallel rank processes (read-only arrays)."""
@@ -276,7 +272,6 @@ def cp_shard(
 def cp_rank_major_order(cu_seqlens_padded: _I64, cp_size: int) -> _I64: ...
 
 # --- schedule ---
-
 @final
 class ShareSchedule:
     def __new__(
@@ -369,7 +364,6 @@ class Schedule:
     def megatron_train_iters(self, train_samples: int) -> int | None: ...
 
 # memory
-
 @disjoint_base
 class ModelSpec:
     """Shape of a decoder-only transformer (see ``tokenbatch.ModelSpec``)."""
@@ -506,15 +500,19 @@ def memory_recompute_modules() -> list[tuple[str, int]]: ...
 def memory_recompute_name(code: float) -> str | None: ...
 
 # --- planner -------------------------------------------------------------------------
-
-#: A GPU's figures (in the order of ``planner_names()[1]``) and its GPUs per node.
+#: A GPU's figures (in the order of ``planner_names()["figures"]``) and its GPUs per node.
 _Hardware = tuple[Sequence[float], int]
 #: Matmul efficiency, seconds per layer pass, overlap tax (the model's own when None).
 _Constants = tuple[float, float, float | None]
 
-def planner_names() -> tuple[
-    list[tuple[str, list[float], int]], list[str], list[str], list[str], list[str]
-]: ...
+class _PlannerNames(TypedDict):
+    presets: list[tuple[str, list[float], int]]
+    figures: list[str]
+    time_parts: list[str]
+    candidate_fields: list[str]
+    chosen: list[str]
+
+def planner_names() -> _PlannerNames: ...
 def planner_check_hardware(figures: Sequence[float], gpus_per_node: int) -> None: ...
 def planner_plan(
     spec: ModelSpec,
@@ -546,7 +544,6 @@ def planner_step_time(
 ) -> dict[str, npt.NDArray[np.float64]]: ...
 
 # --- stream --------------------------------------------------------------------------
-
 _Segment = tuple[int, int, int]
 
 @final
@@ -595,5 +592,4 @@ class StreamBuffer:
     ) -> None: ...
 
 # --- test hook (not API) -------------------------------------------------------------
-
 def _panic_for_test(location: str) -> None: ...

@@ -31,7 +31,8 @@ from tokenbatch.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["HARDWARE", "HARDWARE_FIGURES", "Hardware"]
 
-_PRESETS, _FIGURES = _core.planner_names()[:2]
+_NAMES = _core.planner_names()
+_PRESETS, _FIGURES = _NAMES["presets"], _NAMES["figures"]
 
 #: The figures of a :class:`Hardware`, in the order the core takes them.
 HARDWARE_FIGURES: tuple[str, ...] = tuple(_FIGURES)

@@ -33,7 +33,7 @@ __all__ = ["PlannedLayout", "plan_layouts"]
 # The recomputation modes `plan_layouts` considers unless told otherwise.
 _DEFAULT_RECOMPUTE = ("none", "selective", "full")
 #: The layout fields the plan chooses itself, so ``options`` must not name them.
-_CHOSEN = frozenset(_core.planner_names()[4])
+_CHOSEN = frozenset(_core.planner_names()["chosen"])
 
 _PART_TEXT = {
     "compute": "matmuls and attention, forward, backward and recomputation (roofline)",

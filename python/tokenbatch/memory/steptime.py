@@ -28,7 +28,8 @@ __all__ = ["TIME_PARTS", "step_time"]
 
 _F64 = npt.NDArray[np.float64]
 
-_TIME_PARTS, _CANDIDATE_FIELDS = _core.planner_names()[2:4]
+_NAMES = _core.planner_names()
+_TIME_PARTS, _CANDIDATE_FIELDS = _NAMES["time_parts"], _NAMES["candidate_fields"]
 
 #: The parts of a step's time, in the order :func:`step_time` reports them.
 TIME_PARTS: tuple[str, ...] = tuple(_TIME_PARTS)

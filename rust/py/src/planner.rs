@@ -47,29 +47,24 @@ fn constants(arg: ConstantsArg, overlap_ep_comm: bool, deduplicated_dispatch: bo
     }
 }
 
-/// The hardware presets (name, figures, GPUs per node), the figures' names, the parts of
-/// a step's time, the candidate fields of `planner_step_time` and the layout fields the
-/// plan chooses itself.
+/// The planner's names, each list under the name of what it lists: `presets` (name,
+/// figures, GPUs per node of each hardware preset), `figures` (the figures' names, in
+/// their order), `time_parts` (the parts of a step's time), `candidate_fields` (the fields
+/// of a `planner_step_time` candidate) and `chosen` (the layout fields the plan chooses).
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-fn planner_names() -> PyResult<(
-    Vec<(&'static str, [f64; 6], u64)>,
-    Vec<&'static str>,
-    Vec<&'static str>,
-    Vec<&'static str>,
-    Vec<&'static str>,
-)> {
+fn planner_names(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     guard("planner_names", || {
-        Ok((
-            HARDWARE_PRESETS
-                .iter()
-                .map(|(name, hw)| (*name, hw.figures(), hw.gpus_per_node))
-                .collect(),
-            HARDWARE_FIGURES.to_vec(),
-            TIME_PARTS.to_vec(),
-            CANDIDATE_FIELDS.to_vec(),
-            CHOSEN.to_vec(),
-        ))
+        let names = PyDict::new(py);
+        let presets: Vec<(&str, [f64; 6], u64)> = HARDWARE_PRESETS
+            .iter()
+            .map(|(name, hw)| (*name, hw.figures(), hw.gpus_per_node))
+            .collect();
+        names.set_item("presets", presets)?;
+        names.set_item("figures", HARDWARE_FIGURES.to_vec())?;
+        names.set_item("time_parts", TIME_PARTS.to_vec())?;
+        names.set_item("candidate_fields", CANDIDATE_FIELDS.to_vec())?;
+        names.set_item("chosen", CHOSEN.to_vec())?;
+        Ok(names)
     })
 }
 
