@@ -64,7 +64,8 @@ INTEGRATIONS = {
         ("tests/test_trainers.py", "tests/test_integrations.py", "tests/test_evaluation_runs.py"),
         "test_trainer_ or hf_evaluate",
         "2 ranks: gradient accumulation and a batch-size ramp, each stopped mid-epoch and "
-        "resumed exactly; evaluate() with every document once and its exact loss",
+        "resumed exactly; a mixture of two datasets sources, each rank on its plan; "
+        "evaluate() with every document once and its exact loss",
     ),
     "trl_sft": Integration(
         "TRL SFTTrainer",
