@@ -347,7 +347,7 @@ impl PyPacking {
                     .as_ref()
                     .map(as_slice)
                     .transpose()?
-                    .map(Into::into),
+                    .map(|ids| Arc::new(ids.to_vec())),
             };
             bins.validate().into_py_result()?;
             // All zero: no sequence was split, as `pack` records it.

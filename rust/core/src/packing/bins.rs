@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::{PackOptions, Packing};
+use crate::buffers::with_capacity_huge;
 use crate::error::{Error, Result};
 
 /// How the bins of a packing were formed, which decides what a bin costs.
@@ -56,7 +57,7 @@ pub struct Bins {
     pub lower_bound: u64,
     /// The atomic-group id of every input sequence, when the packing was made with groups:
     /// the deals cut bins only between groups.
-    pub group_ids: Option<Arc<[i64]>>,
+    pub group_ids: Option<Arc<Vec<i64>>>,
 }
 
 impl Bins {
@@ -76,8 +77,11 @@ impl Bins {
 
     /// These bins with the group id of every input sequence, so that no deal cuts a group.
     pub fn with_group_ids(self, group_ids: &[i64]) -> Self {
+        // A copy into huge pages: 10M ids fault in 40 pages instead of 20,000.
+        let mut ids = with_capacity_huge(group_ids.len());
+        ids.extend_from_slice(group_ids);
         Self {
-            group_ids: Some(group_ids.into()),
+            group_ids: Some(Arc::new(ids)),
             ..self
         }
     }

@@ -49,20 +49,24 @@ pub fn pack_grouped<L: Length>(
     options: &PackOptions,
 ) -> Result<Packing> {
     let units = grouped_units(lengths, groups, options, false)?;
-    let (bin_of, totals) = if units.columns() == 1 {
-        // One budget: the groups are packed as sequences of their cost.
-        let unit_options = PackOptions {
-            pad_to_multiple_of: 1,
-            oversize: Oversize::Error,
-            ..options.clone()
-        };
-        super::bins_by_index(&units.costs, &unit_options)?
-    } else {
-        columns::first_fit_columns(&units)
+    let assign = || {
+        if units.columns() == 1 {
+            // One budget: the groups are packed as sequences of their cost.
+            let unit_options = PackOptions {
+                pad_to_multiple_of: 1,
+                oversize: Oversize::Error,
+                ..options.clone()
+            };
+            super::bins_by_index(&units.costs, &unit_options)
+        } else {
+            Ok(columns::first_fit_columns(&units))
+        }
     };
+    let (assigned, outputs) = super::with_outputs((units.n_members(), false), assign);
+    let (bin_of, totals) = assigned?;
     let length = |i: usize| lengths[i].to_i64();
     Ok(units::lay_out(
-        &units, &bin_of, totals, length, options, None,
+        &units, &bin_of, totals, length, options, None, outputs,
     ))
 }
 
@@ -78,8 +82,10 @@ pub fn batch_padded_grouped<L: Length>(
     let longest: Vec<u64> = (0..units.len())
         .map(|u| units.tokens(u) / units.members(u).len() as u64)
         .collect();
-    let (bin_of, totals, batch_cost) =
-        columns::padded_units(&units, &longest, options.max_tokens, options.max_seqs);
+    let ((bin_of, totals, batch_cost), outputs) =
+        super::with_outputs((units.n_members(), false), || {
+            columns::padded_units(&units, &longest, options.max_tokens, options.max_seqs)
+        });
     let length = |i: usize| lengths[i].to_i64();
     Ok(units::lay_out(
         &units,
@@ -88,6 +94,7 @@ pub fn batch_padded_grouped<L: Length>(
         length,
         options,
         Some(batch_cost),
+        outputs,
     ))
 }
 
@@ -162,9 +169,19 @@ pub fn pack_costs(
         budgets: &budgets,
     };
     let units = units::gather(&input, runs.as_deref(), groups, &pack_options, false)?;
-    let (bin_of, totals) = columns::first_fit_columns(&units);
+    let ((bin_of, totals), outputs) = super::with_outputs((units.n_members(), false), || {
+        columns::first_fit_columns(&units)
+    });
     let length = |i: usize| costs[i * columns];
-    let packing = units::lay_out(&units, &bin_of, totals, length, &pack_options, None);
+    let packing = units::lay_out(
+        &units,
+        &bin_of,
+        totals,
+        length,
+        &pack_options,
+        None,
+        outputs,
+    );
     let by_column = (0..units.columns())
         .map(|c| {
             let total: u64 = (0..units.len()).map(|u| units.cost(u)[c]).sum();

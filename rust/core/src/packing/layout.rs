@@ -72,12 +72,12 @@ type Outputs = (Vec<i64>, Vec<i64>, Vec<i64>);
 pub struct OutputBuffers(Outputs);
 
 impl OutputBuffers {
-    /// Zeroed outputs for `segments`. With `touched`, every page is written now: made on
-    /// one core while the assignment runs on another, the page faults and clearing of the
-    /// fresh memory (about a sixth of packing a million sequences) leave the path of the
-    /// pack. Otherwise the memory is mapped as the layout first writes it.
-    pub fn new(segments: &Segments, touched: bool) -> Self {
-        let n = segments.len();
+    /// Zeroed outputs for `n` segments, `starts` included if `with_starts` (see
+    /// [`Segments::output_shape`]). With `touched`, every page is written now: made on one
+    /// core while the assignment runs on another, the page faults and clearing of the fresh
+    /// memory (about a sixth of packing a million sequences) leave the path of the pack.
+    /// Otherwise the memory is mapped as the layout first writes it.
+    pub fn zeroed((n, with_starts): (usize, bool), touched: bool) -> Self {
         let zeros = |n: usize| {
             let mut zeros = zeroed_vec!(i64, n);
             if touched {
@@ -90,11 +90,7 @@ impl OutputBuffers {
             }
             zeros
         };
-        let starts = if segments.starts.is_some() {
-            zeros(n)
-        } else {
-            Vec::new()
-        };
+        let starts = if with_starts { zeros(n) } else { Vec::new() };
         Self((zeros(n), zeros(n), starts))
     }
 }
@@ -412,7 +408,7 @@ mod tests {
                         &segments,
                         &bin_of,
                         &offsets,
-                        OutputBuffers::new(&segments, false),
+                        OutputBuffers::zeroed(segments.output_shape(), false),
                     );
                     for threads in [1, 2, 3, 8] {
                         let pool = rayon::ThreadPoolBuilder::new()
@@ -421,7 +417,7 @@ mod tests {
                             .unwrap();
                         let listed = SegmentBins::Listed(bin_of.clone());
                         let bucketed = pool.install(|| {
-                            let outputs = OutputBuffers::new(&segments, true);
+                            let outputs = OutputBuffers::zeroed(segments.output_shape(), true);
                             scatter_bucketed(&segments, &listed, &offsets, capacity, outputs)
                         });
                         assert_eq!(direct, bucketed, "{threads} threads, {n_bins} bins");
@@ -457,7 +453,7 @@ mod tests {
                 &segments,
                 &listed,
                 &offsets,
-                OutputBuffers::new(&segments, true),
+                OutputBuffers::zeroed(segments.output_shape(), true),
             );
             // Orders cut into 1 to 5 chunks, laid out by 1 to 8 threads (grouping chunks).
             for order_threads in [1, 3, 8] {
@@ -468,7 +464,7 @@ mod tests {
                     let walked =
                         counted.segment_bins(&segments, &options, assignment.bin_of.clone());
                     let layout = pool(threads).install(|| {
-                        let outputs = OutputBuffers::new(&segments, false);
+                        let outputs = OutputBuffers::zeroed(segments.output_shape(), false);
                         scatter_bucketed(&segments, &walked, &offsets, options.capacity(), outputs)
                     });
                     assert_eq!(layout, expected, "{order_threads} and {threads} threads");

@@ -75,7 +75,8 @@ impl Packing {
 pub fn pack<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
     let order = offer_order(&segments, options);
-    let (assignment, outputs) = with_outputs(&segments, || order.assign(&segments, options));
+    let (assignment, outputs) =
+        with_outputs(segments.output_shape(), || order.assign(&segments, options));
     Ok(finish(segments, &order, assignment, options, None, outputs))
 }
 
@@ -108,8 +109,9 @@ fn bins_by_index<L: Length>(
 pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<Packing> {
     let segments = segments::segment(lengths, options)?;
     let order = OfferOrder::decreasing_cost(&segments, options);
-    let ((assignment, batch_cost), outputs) =
-        with_outputs(&segments, || order.assign_padded(&segments, options));
+    let ((assignment, batch_cost), outputs) = with_outputs(segments.output_shape(), || {
+        order.assign_padded(&segments, options)
+    });
     Ok(finish(
         segments,
         &order,
@@ -127,15 +129,16 @@ pub fn batch_padded<L: Length>(lengths: &[L], options: &PackOptions) -> Result<P
 ///
 /// Kept because it pays: a build that makes the outputs after spends 17-25% more CPU time
 /// on warm `pack` and `batch_padded` of 1M lengths (benches/RESULTS.md, low-level tricks).
+/// The outputs have `shape` (see [`Segments::output_shape`]).
 fn with_outputs<A: Send>(
-    segments: &Segments,
+    shape: (usize, bool),
     assign: impl FnOnce() -> A + Send,
 ) -> (A, layout::OutputBuffers) {
-    if segments.len() < OUTPUTS_ALONGSIDE_MIN || rayon::current_num_threads() < 2 {
+    if shape.0 < OUTPUTS_ALONGSIDE_MIN || rayon::current_num_threads() < 2 {
         let assignment = assign();
-        return (assignment, layout::OutputBuffers::new(segments, false));
+        return (assignment, layout::OutputBuffers::zeroed(shape, false));
     }
-    rayon::join(assign, || layout::OutputBuffers::new(segments, true))
+    rayon::join(assign, || layout::OutputBuffers::zeroed(shape, true))
 }
 
 /// Fewest segments whose outputs (16 bytes each, 1 MiB here) are made alongside the

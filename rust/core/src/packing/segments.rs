@@ -78,6 +78,12 @@ impl Segments {
         self.lengths.len()
     }
 
+    /// What the outputs of a layout of these segments hold: their count, and whether
+    /// they need `starts` (some sequence was split).
+    pub fn output_shape(&self) -> (usize, bool) {
+        (self.len(), self.starts.is_some())
+    }
+
     /// Input sequence of segment `id`.
     #[inline]
     pub fn sequence_of(&self, id: usize) -> u32 {

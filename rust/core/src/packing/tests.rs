@@ -299,7 +299,8 @@ fn pack_in_order(
 ) -> Packing {
     let segments = segments::segment(lengths, opts).unwrap();
     let order = order(&segments, opts);
-    let (assignment, outputs) = with_outputs(&segments, || order.assign(&segments, opts));
+    let (assignment, outputs) =
+        with_outputs(segments.output_shape(), || order.assign(&segments, opts));
     finish(segments, &order, assignment, opts, None, outputs)
 }
 

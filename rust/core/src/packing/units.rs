@@ -24,14 +24,15 @@ use crate::error::{Error, Result};
 pub fn runs(groups: &[i64]) -> Result<Vec<u32>> {
     let n = groups.len();
     check_count(n)?;
-    let mut starts: Vec<u32> = Vec::new();
+    // Room for a run per sequence: only the pages the runs fill are ever mapped.
+    let mut starts: Vec<u32> = with_capacity_huge(n + 1);
+    if n > 0 {
+        starts.push(0);
+    }
     for (i, pair) in groups.windows(2).enumerate() {
         if pair[0] != pair[1] {
             starts.push(i as u32 + 1);
         }
-    }
-    if n > 0 {
-        starts.insert(0, 0);
     }
     starts.push(n as u32);
     check_distinct(groups, &starts)?;
@@ -135,6 +136,15 @@ impl Units {
         self.costs[u * self.columns()]
     }
 
+    /// Input sequences in all the units.
+    pub fn n_members(&self) -> usize {
+        self.first
+            .iter()
+            .zip(&self.end)
+            .map(|(&a, &b)| (b - a) as usize)
+            .sum()
+    }
+
     /// Members of unit `u`.
     #[inline]
     pub fn members(&self, u: usize) -> std::ops::Range<usize> {
@@ -191,9 +201,9 @@ pub fn gather<F: Fn(usize, usize) -> i64 + Sync>(
     };
     let n_units = runs.map_or(n, |starts| starts.len() - 1);
     let mut units = Units {
-        first: Vec::with_capacity(n_units),
-        end: Vec::with_capacity(n_units),
-        costs: Vec::with_capacity(n_units * m),
+        first: with_capacity_huge(n_units),
+        end: with_capacity_huge(n_units),
+        costs: with_capacity_huge(n_units * m),
         budgets,
         counts: PolicyCounts::default(),
     };
@@ -297,7 +307,8 @@ fn oversize_error(
 /// `totals` counts units (not members) per bin and their column-0 costs: each bin lists its
 /// members in input order, so a group stays consecutive and in order; each costs its
 /// units' column-0 costs, or `padded_cost` where given. `length(i)` is the tokens of input
-/// sequence `i` (at most the capacity).
+/// sequence `i` (at most the capacity); `outputs` are for [`Units::n_members`] segments,
+/// without `starts`.
 ///
 /// The members become segments for the layout of every packing, which scatters them to
 /// their bins reading them in input order (reading them bin by bin instead costs a cache
@@ -309,6 +320,7 @@ pub fn lay_out(
     length: impl Fn(usize) -> i64,
     options: &PackOptions,
     padded_cost: Option<Vec<u64>>,
+    outputs: layout::OutputBuffers,
 ) -> Packing {
     // Members per bin: the smallest unit size times the units, plus what larger units add
     // (one by one: an access to a random bin, which pairs of equal size never need).
@@ -317,12 +329,7 @@ pub fn lay_out(
         .min()
         .unwrap_or(1) as u32;
     totals.sizes.iter_mut().for_each(|size| *size *= smallest);
-    let n_members: usize = units
-        .first
-        .iter()
-        .zip(&units.end)
-        .map(|(&a, &b)| (b - a) as usize)
-        .sum();
+    let n_members = units.n_members();
     let kept_all = units.counts.dropped_seqs == 0;
     let mut lengths = with_capacity_huge(n_members);
     let mut member_bins = with_capacity_huge(n_members);
@@ -347,7 +354,6 @@ pub fn lay_out(
         starts: None,
         counts: units.counts.clone(),
     };
-    let outputs = layout::OutputBuffers::new(&segments, false);
     layout::build(
         &segments,
         SegmentBins::Listed(member_bins),
