@@ -6,6 +6,8 @@
 //! by member, in input order, so the CSR layout of the result is that of any packing.
 //! Without ids every sequence is a unit of one.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use rayon::prelude::*;
 
 use super::assign::BinTotals;
@@ -14,7 +16,7 @@ use super::options::{Oversize, PackOptions, MAX_TOKENS_LIMIT};
 use super::order::SegmentBins;
 use super::segments::{PolicyCounts, Segments};
 use super::Packing;
-use crate::buffers::with_capacity_huge;
+use crate::buffers::{with_capacity_huge, zeroed_vec};
 use crate::error::{Error, Result};
 
 /// The runs of equal ids in `groups`: the first sequence of each run, then `groups.len()`.
@@ -200,74 +202,130 @@ pub fn gather<F: Fn(usize, usize) -> i64 + Sync>(
         }
     };
     let n_units = runs.map_or(n, |starts| starts.len() - 1);
+    let members = |u: usize| match runs {
+        Some(starts) => starts[u] as usize..starts[u + 1] as usize,
+        None => u..u + 1,
+    };
+    let over_budget = |cost: &[u64]| {
+        cost.iter()
+            .zip(&budgets)
+            .any(|(cost, budget)| cost > budget)
+    };
+    // The costs of every unit, in parallel; the first unit (in input order) with a
+    // negative cost and the first over a budget are kept for the errors.
+    let mut costs = zeroed_vec!(u64, n_units * m);
+    let (first_negative, first_over) = (AtomicUsize::new(usize::MAX), AtomicUsize::new(usize::MAX));
+    let input_tokens: u128 = costs
+        .par_chunks_mut(m)
+        .enumerate()
+        .map(|(u, cost)| {
+            let (mut tokens, mut longest, mut negative) = (0u128, 0u64, false);
+            for i in members(u) {
+                for (c, total) in cost.iter_mut().enumerate().take(given) {
+                    let value = raw(i, c);
+                    negative |= value < 0;
+                    let value = value as u64;
+                    let charged = if c == 0 { options.cost(value) } else { value };
+                    *total = total.saturating_add(charged);
+                    if c == 0 {
+                        tokens += u128::from(value);
+                        longest = longest.max(charged);
+                    }
+                }
+            }
+            let size = members(u).len() as u64;
+            if counted {
+                cost[m - 1] = size;
+            }
+            if padded {
+                cost[0] = longest.saturating_mul(size);
+            }
+            if negative {
+                // Refused, or past a refused unit: its tokens are never counted.
+                first_negative.fetch_min(u, Ordering::Relaxed);
+                return 0;
+            }
+            if over_budget(cost) {
+                first_over.fetch_min(u, Ordering::Relaxed);
+            }
+            tokens
+        })
+        .sum();
+    let (negative, over) = (first_negative.into_inner(), first_over.into_inner());
+    // Sequentially, the first negative cost stops the gathering, unless an earlier unit
+    // over a budget stopped it first (dropped units do not stop it).
+    if negative != usize::MAX && (negative < over || options.oversize == Oversize::Drop) {
+        let (i, c) = members(negative)
+            .flat_map(|i| (0..given).map(move |c| (i, c)))
+            .find(|&(i, c)| raw(i, c) < 0)
+            .unwrap_or((members(negative).start, 0));
+        let unit = if is_matrix {
+            "costs"
+        } else {
+            "sequence lengths"
+        };
+        return Err(Error::invalid(format!(
+            "{} = {} is negative; {unit} must be >= 0",
+            name(i, c),
+            raw(i, c)
+        )));
+    }
+    let input_tokens = u64::try_from(input_tokens)
+        .map_err(|_| Error::overflow("the lengths sum to more than 2^64 - 1 tokens"))?;
+    let counts = PolicyCounts {
+        input_tokens,
+        ..PolicyCounts::default()
+    };
+    if over == usize::MAX {
+        let (mut first, mut end) = (with_capacity_huge(n_units), with_capacity_huge(n_units));
+        match runs {
+            Some(starts) => {
+                first.extend_from_slice(&starts[..n_units]);
+                end.extend_from_slice(&starts[1..]);
+            }
+            None => {
+                first.extend(0..n as u32);
+                end.extend(1..=n as u32);
+            }
+        }
+        return Ok(Units {
+            first,
+            end,
+            costs,
+            budgets,
+            counts,
+        });
+    }
+    if options.oversize != Oversize::Drop {
+        let range = members(over);
+        let cost = &costs[over * m..(over + 1) * m];
+        let c = (0..m).find(|&c| cost[c] > budgets[c]).unwrap_or(0);
+        return Err(oversize_error(
+            (range.start, range.end),
+            groups,
+            c,
+            (cost[c], budgets[c]),
+            (is_matrix, counted && c == m - 1),
+        ));
+    }
     let mut units = Units {
         first: with_capacity_huge(n_units),
         end: with_capacity_huge(n_units),
         costs: with_capacity_huge(n_units * m),
-        budgets,
-        counts: PolicyCounts::default(),
+        budgets: budgets.clone(),
+        counts,
     };
-    let mut input_tokens = 0u64;
-    let mut cost = vec![0u64; m];
-    for u in 0..n_units {
-        let (first, end) = match runs {
-            Some(starts) => (starts[u] as usize, starts[u + 1] as usize),
-            None => (u, u + 1),
-        };
-        cost.iter_mut().for_each(|c| *c = 0);
-        let (mut tokens, mut longest) = (0u64, 0u64);
-        for i in first..end {
-            for (c, total) in cost.iter_mut().enumerate().take(given) {
-                let value = raw(i, c);
-                if value < 0 {
-                    let unit = if is_matrix {
-                        "costs"
-                    } else {
-                        "sequence lengths"
-                    };
-                    return Err(Error::invalid(format!(
-                        "{} = {value} is negative; {unit} must be >= 0",
-                        name(i, c)
-                    )));
-                }
-                let value = value as u64;
-                let charged = if c == 0 { options.cost(value) } else { value };
-                *total = total.saturating_add(charged);
-                if c == 0 {
-                    tokens += value;
-                    longest = longest.max(charged);
-                }
-            }
-            if counted {
-                cost[m - 1] += 1;
-            }
+    for (u, cost) in costs.chunks(m).enumerate() {
+        let range = members(u);
+        if over_budget(cost) {
+            units.counts.dropped_seqs += range.len() as u64;
+            units.counts.dropped_tokens += range.map(|i| raw(i, 0) as u64).sum::<u64>();
+        } else {
+            units.first.push(range.start as u32);
+            units.end.push(range.end as u32);
+            units.costs.extend_from_slice(cost);
         }
-        if padded {
-            cost[0] = longest.saturating_mul((end - first) as u64);
-        }
-        input_tokens = input_tokens
-            .checked_add(tokens)
-            .ok_or_else(|| Error::overflow("the lengths sum to more than 2^64 - 1 tokens"))?;
-        let over = (0..m).find(|&c| cost[c] > units.budgets[c]);
-        if let Some(c) = over {
-            if options.oversize == Oversize::Drop {
-                units.counts.dropped_seqs += (end - first) as u64;
-                units.counts.dropped_tokens += tokens;
-                continue;
-            }
-            return Err(oversize_error(
-                (first, end),
-                groups,
-                c,
-                (cost[c], units.budgets[c]),
-                (is_matrix, counted && c == m - 1),
-            ));
-        }
-        units.first.push(first as u32);
-        units.end.push(end as u32);
-        units.costs.extend_from_slice(&cost);
     }
-    units.counts.input_tokens = input_tokens;
     Ok(units)
 }
 
@@ -376,6 +434,48 @@ mod tests {
         let message = runs(&[1, 1, 2, 3, 1, 2]).unwrap_err().to_string();
         assert!(message.contains("group 1"), "{message}");
         assert!(message.contains("sequences 1 and 4"), "{message}");
+    }
+
+    /// Gather `lengths` in groups of two under a budget of 8, with `oversize`.
+    fn gather_pairs(lengths: &[i64], oversize: &str) -> Result<Units> {
+        let options = PackOptions::new(8, None, 1, oversize, "bfd", 0).unwrap();
+        let ids: Vec<i64> = (0..lengths.len() as i64).map(|i| i / 2).collect();
+        let starts = runs(&ids).unwrap();
+        let input = CostInput::Lengths {
+            n: lengths.len(),
+            length: |i: usize, _| lengths[i],
+        };
+        gather(&input, Some(&starts), Some(&ids), &options, false)
+    }
+
+    #[test]
+    fn the_first_bad_unit_in_input_order_gives_the_error() {
+        // Gathered in parallel, refused as a pass in input order would refuse.
+        let over_first = gather_pairs(&[1, 1, 5, 5, 1, -3], "error")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            over_first.contains("group 1 (sequences 2 to 3"),
+            "{over_first}"
+        );
+        let negative_first = gather_pairs(&[1, -3, 5, 5], "error")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            negative_first.contains("lengths[1] = -3"),
+            "{negative_first}"
+        );
+        // Dropped units do not stop the pass: the negative length after them does.
+        let dropped = gather_pairs(&[9, 1, 1, 1, 1, -3], "drop")
+            .unwrap_err()
+            .to_string();
+        assert!(dropped.contains("lengths[5] = -3"), "{dropped}");
+        let units = gather_pairs(&[9, 1, 2, 3, 4, 5, 1, 1], "drop").unwrap();
+        assert_eq!((units.first, units.end), (vec![2, 6], vec![4, 8]));
+        assert_eq!(units.costs, vec![5, 2]);
+        assert_eq!(units.counts.dropped_seqs, 4);
+        assert_eq!(units.counts.dropped_tokens, 19);
+        assert_eq!(units.counts.input_tokens, 26);
     }
 
     #[test]
