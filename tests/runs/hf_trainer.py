@@ -21,6 +21,7 @@ from typing import Any
 
 import datasets
 from run_support import (
+    CPU_TRAINING_ARGS,
     MAX_TOKENS,
     MIXTURE_LOGGING_STEPS,
     MIXTURE_SOURCES,
@@ -72,10 +73,7 @@ def run(
 ) -> None:
     args = TrainingArguments(
         output_dir,
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        ddp_find_unused_parameters=False,
+        **CPU_TRAINING_ARGS,
         num_train_epochs=2,
         gradient_accumulation_steps=1 if schedule else 2,
         learning_rate=3e-3,
@@ -104,10 +102,7 @@ def run(
 def run_mixture(out: Path) -> None:
     args = TrainingArguments(
         str(out / "mixture"),
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        ddp_find_unused_parameters=False,
+        **CPU_TRAINING_ARGS,
         max_steps=MIXTURE_STEPS,
         logging_steps=MIXTURE_LOGGING_STEPS,
         save_strategy="no",

@@ -35,6 +35,13 @@ SCHEDULE = LinearRamp(1024, 4096, 30_000, unit="tokens")
 #: Optimizer step the Trainer runs stop at, in the middle of the second epoch (19 + 19
 #: steps of 2 micro-batches, 16 + 10 steps under the ramp).
 TRAINER_STOP = {"ga": 28, "schedule": 20}
+#: The TrainingArguments (or TRL SFTConfig) options of every CPU training run.
+CPU_TRAINING_ARGS: dict[str, Any] = {
+    "use_cpu": True,
+    "report_to": [],
+    "disable_tqdm": True,
+    "ddp_find_unused_parameters": False,
+}
 #: The mixture run's sources: the first and second half of the documents, in that order.
 MIXTURE_SOURCES = {"web": slice(0, N_DOCS // 2), "code": slice(N_DOCS // 2, N_DOCS)}
 #: Its optimizer steps (of 4 micro-batches' tokens over both ranks) and its log interval.

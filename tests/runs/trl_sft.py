@@ -12,6 +12,7 @@ from pathlib import Path
 
 import datasets
 from run_support import (
+    CPU_TRAINING_ARGS,
     MAX_TOKENS,
     Log,
     RecordingMixin,
@@ -34,10 +35,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     config = SFTConfig(
         str(out / "sft"),
-        use_cpu=True,
-        report_to=[],
-        disable_tqdm=True,
-        ddp_find_unused_parameters=False,
+        **CPU_TRAINING_ARGS,
         max_length=None,
         num_train_epochs=2,
         gradient_accumulation_steps=2,
