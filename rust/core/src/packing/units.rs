@@ -223,7 +223,10 @@ pub fn gather<F: Fn(usize, usize) -> i64 + Sync>(
             for i in members(u) {
                 for (c, total) in cost.iter_mut().enumerate().take(given) {
                     let value = raw(i, c);
-                    negative |= value < 0;
+                    if value < 0 {
+                        negative = true;
+                        continue;
+                    }
                     let value = value as u64;
                     let charged = if c == 0 { options.cost(value) } else { value };
                     *total = total.saturating_add(charged);
@@ -465,6 +468,10 @@ mod tests {
             negative_first.contains("lengths[1] = -3"),
             "{negative_first}"
         );
+        // Not rounded up to the padding multiple (which would overflow) before it is refused.
+        let options = PackOptions::new(8, None, 8, "error", "bfd", 0).unwrap();
+        let padded = crate::packing::pack_grouped(&[1i64, -3], &[0, 0], &options);
+        assert!(padded.unwrap_err().to_string().contains("lengths[1] = -3"));
         // Dropped units do not stop the pass: the negative length after them does.
         let dropped = gather_pairs(&[9, 1, 1, 1, 1, -3], "drop")
             .unwrap_err()
