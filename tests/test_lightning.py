@@ -3,18 +3,18 @@ sampler for other ranks (the 2-process runs are in test_trainers.py)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from run_support import MAX_TOKENS, documents, lengths, tiny_llama
+from run_support import MAX_TOKENS, documents, lengths, mixture_sampler, tiny_llama
 from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
+from tokenbatch.integrations._packed_rows import DOCUMENTS_KEPT_APART_FROM, warn_if_documents_mix
 from tokenbatch.integrations.lightning import TokenBudgetCallback
-from tokenbatch.mixture import Mixture
-from tokenbatch.schedule import Piecewise
 from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
 
 pytestmark = [
@@ -23,6 +23,8 @@ pytestmark = [
     # of a torch pytree class that torch deprecated.
     pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
     pytest.mark.filterwarnings("ignore:.*LeafSpec.* is deprecated:FutureWarning"),
+    # The tiny Llama's sdpa attention on the oldest stack (torch 2.3): asserted below.
+    pytest.mark.filterwarnings("ignore:.*lets the documents of a packed row:UserWarning"),
 ]
 
 
@@ -107,17 +109,6 @@ class ManualModule(Module):
         return loss
 
 
-def mixture_sampler() -> TokenBudgetBatchSampler:
-    half = len(lengths()) // 2
-    return TokenBudgetBatchSampler(
-        {"web": lengths()[:half], "code": lengths()[half:]},
-        MAX_TOKENS,
-        seed=1,
-        mixture=Mixture({"web": 0.75, "code": 0.25}, max_repetition=2),
-        schedule=Piecewise([(0, 4 * MAX_TOKENS)]),
-    )
-
-
 def test_lightning_callback_logs_the_tokens_of_every_source_of_a_mixture(tmp_path: Path) -> None:
     mixed = mixture_sampler()
     budget = TokenBudgetCallback(mixed)
@@ -138,3 +129,26 @@ def test_lightning_refuses_a_schedule_under_automatic_optimization(tmp_path: Pat
     budget = TokenBudgetCallback(mixture_sampler())
     with pytest.raises(InvalidValueError, match="automatic_optimization = False"):
         lightning_trainer(budget, tmp_path, max_epochs=1).fit(Module(budget))
+
+
+def test_lightning_warns_where_packed_documents_would_attend_to_each_other(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    model = tiny_llama()
+    with pytest.warns(UserWarning, match="sdpa attention, which with torch 2.5.1"):
+        warn_if_documents_mix(model, torch_version="2.5.1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for version in ("2.6.0", "2.15.0+cu132"):
+            warn_if_documents_mix(model, torch_version=version)
+        warn_if_documents_mix(torch.nn.Linear(2, 2), torch_version="2.3.0")  # no HF model
+    # The callback checks the module it trains, with the installed torch.
+    budget = TokenBudgetCallback(sampler)
+    installed = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lightning_trainer(budget, tmp_path).fit(Module(budget))
+    mixing = [w for w in caught if "documents of a packed row" in str(w.message)]
+    assert len(mixing) == (1 if installed < DOCUMENTS_KEPT_APART_FROM else 0)

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
+
+import torch
+
+#: The first torch release under which transformers keeps the documents of a packed row
+#: apart (a causal mask per document, read from ``position_ids``) in sdpa and eager
+#: attention; flash attention reads ``cu_seq_lens_*`` and keeps them apart on any torch.
+DOCUMENTS_KEPT_APART_FROM = (2, 6)
 
 
 def without_cache(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -17,3 +26,27 @@ def without_cache(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     if getattr(getattr(model, "config", None), "use_cache", None) is None:
         return dict(inputs)
     return {**inputs, "use_cache": False}
+
+
+def warn_if_documents_mix(module: Any, torch_version: str | None = None) -> None:
+    """Warn if ``module`` holds a Hugging Face model whose packed rows mix their documents.
+
+    With torch older than 2.6 (``torch_version``, default the installed one), sdpa and eager
+    attention in transformers let every token of a packed row attend to the documents
+    before it, so losses are silently those of the concatenated row.
+    """
+    found = re.match(r"(\d+)\.(\d+)", torch_version or torch.__version__)
+    if found is None or tuple(map(int, found.groups())) >= DOCUMENTS_KEPT_APART_FROM:
+        return
+    for part in module.modules():
+        attention = getattr(getattr(part, "config", None), "_attn_implementation", None)
+        if attention in ("sdpa", "eager"):
+            warnings.warn(
+                f"{type(part).__name__} uses {attention} attention, which with torch "
+                f"{torch_version or torch.__version__} (before 2.6) lets the documents of "
+                "a packed row attend to each other; use torch 2.6 or newer, or "
+                "attn_implementation='flash_attention_2' with the collator's cu_seq_lens_*",
+                UserWarning,
+                stacklevel=2,
+            )
+            return

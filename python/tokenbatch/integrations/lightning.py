@@ -53,6 +53,7 @@ import numpy.typing as npt
 from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidValueError
+from tokenbatch.integrations._packed_rows import warn_if_documents_mix
 from tokenbatch.integrations._source import (
     SamplerFrom,
     build_evaluation_sampler,
@@ -162,7 +163,9 @@ class TokenBudgetCallback(pl.Callback):
         """Build the sampler (once the processes exist) and check it against the Trainer:
         a sampler ``schedule`` (or ``mixture``) sets how many micro-batches make each
         optimizer step, which Lightning's automatic optimization cannot follow, so it
-        needs manual optimization."""
+        needs manual optimization. Warns if the module holds a Hugging Face model whose
+        attention would mix the documents of a packed row (sdpa or eager before torch
+        2.6)."""
         sampler = self._source.build()
         _check_ranks(sampler, trainer)
         if sampler.schedule is not None and pl_module.automatic_optimization:
@@ -173,6 +176,7 @@ class TokenBudgetCallback(pl.Callback):
                 "the LightningModule and step the optimizer where "
                 "TokenBudgetCallback.is_step_end(batch_idx)"
             )
+        warn_if_documents_mix(pl_module)
         self._world_size = trainer.world_size
         self._accumulate = trainer.accumulate_grad_batches
         source = self._eval_source
