@@ -13,7 +13,11 @@ from run_support import MAX_TOKENS, documents, lengths, mixture_sampler, tiny_ll
 from torch.utils.data import DataLoader
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError
-from tokenbatch.integrations._packed_rows import DOCUMENTS_KEPT_APART_FROM, warn_if_documents_mix
+from tokenbatch.integrations._packed_rows import (
+    DOCUMENTS_KEPT_APART_FROM,
+    release,
+    warn_if_documents_mix,
+)
 from tokenbatch.integrations.lightning import TokenBudgetCallback
 from tokenbatch.torch import PackedCollator, TokenBudgetBatchSampler
 
@@ -136,6 +140,8 @@ def test_lightning_warns_where_packed_documents_would_attend_to_each_other(
 ) -> None:
     import torch
 
+    assert release("2.15.0+cu132") == (2, 15)
+    assert release("nightly") is None
     model = tiny_llama()
     with pytest.warns(UserWarning, match="sdpa attention, which with torch 2.5.1"):
         warn_if_documents_mix(model, torch_version="2.5.1")
@@ -146,7 +152,8 @@ def test_lightning_warns_where_packed_documents_would_attend_to_each_other(
         warn_if_documents_mix(torch.nn.Linear(2, 2), torch_version="2.3.0")  # no HF model
     # The callback checks the module it trains, with the installed torch.
     budget = TokenBudgetCallback(sampler)
-    installed = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    installed = release(torch.__version__)
+    assert installed is not None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lightning_trainer(budget, tmp_path).fit(Module(budget))

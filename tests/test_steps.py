@@ -131,8 +131,12 @@ def test_lookup_by_micro_batch() -> None:
     assert [steps.step_of(i) for i in range(n)] == [i // 4 for i in range(n)]
     assert steps.num_items_in_batch(n - 1) == steps.label_tokens[-1]
     assert steps.ends.nonzero()[0].tolist() == sorted({min(i + 4, n) - 1 for i in range(0, n, 4)})
-    with pytest.raises(InvalidValueError, match="beyond"):
-        steps.step_of(n)
+    assert [steps.step_ending_at(i) for i in range(n)] == [
+        i // 4 if i % 4 == 3 or i == n - 1 else None for i in range(n)
+    ]
+    for lookup in (steps.step_of, steps.step_ending_at):
+        with pytest.raises(InvalidValueError, match="beyond"):
+            lookup(n)
 
 
 def test_another_epoch_leaves_the_sampler_where_it_was() -> None:

@@ -15,6 +15,12 @@ import torch
 DOCUMENTS_KEPT_APART_FROM = (2, 6)
 
 
+def release(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a torch version string such as ``"2.5.1+cu121"``."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return None if found is None else (int(found[1]), int(found[2]))
+
+
 def without_cache(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """``inputs`` with ``use_cache=False`` for a model whose config has a cache setting.
 
@@ -35,15 +41,16 @@ def warn_if_documents_mix(module: Any, torch_version: str | None = None) -> None
     attention in transformers let every token of a packed row attend to the documents
     before it, so losses are silently those of the concatenated row.
     """
-    found = re.match(r"(\d+)\.(\d+)", torch_version or torch.__version__)
-    if found is None or tuple(map(int, found.groups())) >= DOCUMENTS_KEPT_APART_FROM:
+    version = torch_version or torch.__version__
+    installed = release(version)
+    if installed is None or installed >= DOCUMENTS_KEPT_APART_FROM:
         return
     for part in module.modules():
         attention = getattr(getattr(part, "config", None), "_attn_implementation", None)
         if attention in ("sdpa", "eager"):
             warnings.warn(
                 f"{type(part).__name__} uses {attention} attention, which with torch "
-                f"{torch_version or torch.__version__} (before 2.6) lets the documents of "
+                f"{version} (before 2.6) lets the documents of "
                 "a packed row attend to each other; use torch 2.6 or newer, or "
                 "attn_implementation='flash_attention_2' with the collator's cu_seq_lens_*",
                 UserWarning,

@@ -156,8 +156,7 @@ class TokenBudgetCallback(pl.Callback):
         """Whether micro-batch ``batch_idx`` of the current epoch completes an optimizer
         step of the plan: where a module under manual optimization steps its optimizer
         when the sampler has a ``schedule`` (or a ``mixture``)."""
-        steps = self.steps
-        return int(steps.offsets[steps.step_of(batch_idx) + 1]) == batch_idx + 1
+        return self.steps.step_ending_at(batch_idx) is not None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Build the sampler (once the processes exist) and check it against the Trainer:
@@ -252,9 +251,11 @@ class TokenBudgetCallback(pl.Callback):
         source over all ranks (per step, and summed over the epoch)."""
         self._position = batch_idx + 1
         steps = self.steps
-        if steps.sources is None or steps.source_tokens is None or not self.is_step_end(batch_idx):
+        if steps.sources is None or steps.source_tokens is None:
             return
-        step = steps.step_of(batch_idx)
+        step = steps.step_ending_at(batch_idx)
+        if step is None:
+            return
         for name, tokens in zip(steps.sources, steps.source_tokens[step], strict=True):
             pl_module.log(
                 f"source_tokens/{name}",

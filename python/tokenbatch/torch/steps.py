@@ -80,6 +80,12 @@ class OptimizerSteps:
         index = self._micro_batch(micro_batch)
         return int(np.searchsorted(self.offsets, index, side="right")) - 1
 
+    def step_ending_at(self, micro_batch: int) -> int | None:
+        """The optimizer step micro-batch ``micro_batch`` completes, or ``None`` when the
+        step goes on after it."""
+        step = self.step_of(micro_batch)
+        return step if int(self.offsets[step + 1]) == micro_batch + 1 else None
+
     def num_items_in_batch(self, micro_batch: int) -> int:
         """Label tokens, over all ranks, of the optimizer step holding ``micro_batch``.
 
