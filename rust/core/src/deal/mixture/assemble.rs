@@ -9,6 +9,7 @@ use super::super::costs::BinCost;
 use super::super::{DealOptions, Dealer, Deck, DivideReport, EpochDeal};
 use super::compose::{compose, Composition};
 use super::Mixture;
+use crate::buffers::with_capacity_huge;
 use crate::error::{Error, Result};
 use crate::packing::{batch_padded, pack, Bins, Oversize, PackOptions, Packing, PackingKind};
 use crate::rng::mix_seed;
@@ -206,17 +207,17 @@ fn join(
     let n_bins: usize = steps.iter().map(|s| s.costs.len()).sum();
     let any_starts = steps.iter().any(|s| s.starts.is_some());
     let mut packing = Packing {
-        bin_offsets: Vec::with_capacity(n_bins + 1),
-        indices: Vec::with_capacity(n_segments),
-        starts: any_starts.then(|| Vec::with_capacity(n_segments)),
-        lengths: Vec::with_capacity(n_segments),
-        bin_tokens: Vec::with_capacity(n_bins),
+        bin_offsets: with_capacity_huge(n_bins + 1),
+        indices: with_capacity_huge(n_segments),
+        starts: any_starts.then(|| with_capacity_huge(n_segments)),
+        lengths: with_capacity_huge(n_segments),
+        bin_tokens: with_capacity_huge(n_bins),
         counts: Default::default(),
         segment_cost: 0,
     };
     packing.bin_offsets.push(0);
-    let mut costs = Vec::with_capacity(n_bins);
-    let mut table = Vec::with_capacity(n_bins);
+    let mut costs = with_capacity_huge(n_bins);
+    let mut table = with_capacity_huge(n_bins);
     let mut report = DivideReport::default();
     let mut step_offsets = Vec::with_capacity(steps.len() + 1);
     step_offsets.push(0i64);

@@ -1,12 +1,11 @@
 //! Composing the optimizer steps of a pass: how many tokens of each source every step
 //! takes, and which sequences.
 
-use rayon::prelude::*;
-
+use super::shuffle::shuffled;
 use super::{Exhausted, Mixture};
 use crate::error::{Error, Result};
 use crate::packing::{Oversize, PackOptions};
-use crate::rng::{mix_seed, SplitMix64};
+use crate::rng::mix_seed;
 use crate::schedule::Schedule;
 
 /// Seed stream of the sources' permutations.
@@ -39,24 +38,39 @@ pub struct Composition {
     pub total_tokens: u64,
 }
 
-/// Real tokens a sequence of `length` contributes under the oversize policy (the policy
-/// `error` is checked before composing).
-fn placed_tokens(length: i64, options: &PackOptions) -> u64 {
-    let (length, capacity) = (length as u64, options.capacity());
-    if length <= capacity {
-        return length;
+/// Real tokens a sequence contributes under the oversize policy (the policy `error` is
+/// checked before composing).
+#[derive(Clone, Copy)]
+struct Placed {
+    capacity: u64,
+    oversize: Oversize,
+}
+
+impl Placed {
+    fn new(options: &PackOptions) -> Self {
+        Self {
+            capacity: options.capacity(),
+            oversize: options.oversize,
+        }
     }
-    match options.oversize {
-        Oversize::Truncate => capacity,
-        Oversize::Drop => 0,
-        Oversize::Error | Oversize::Split => length,
+
+    fn tokens(self, length: i64) -> u64 {
+        let length = length as u64;
+        if length <= self.capacity {
+            return length;
+        }
+        match self.oversize {
+            Oversize::Truncate => self.capacity,
+            Oversize::Drop => 0,
+            Oversize::Error | Oversize::Split => length,
+        }
     }
 }
 
 /// One source's stream of sequences through its repetitions.
 struct Stream<'a> {
     lengths: &'a [i64],
-    options: &'a PackOptions,
+    placed: Placed,
     /// Real tokens of one repetition.
     total: u64,
     max_repetition: u64,
@@ -74,10 +88,11 @@ struct Stream<'a> {
 
 impl<'a> Stream<'a> {
     fn new(lengths: &'a [i64], max_repetition: u64, options: &'a PackOptions, seed: u64) -> Self {
+        let placed = Placed::new(options);
         Self {
             lengths,
-            options,
-            total: lengths.iter().map(|&l| placed_tokens(l, options)).sum(),
+            placed,
+            total: lengths.iter().map(|&l| placed.tokens(l)).sum(),
             max_repetition,
             seed,
             orders: Vec::new(),
@@ -105,32 +120,25 @@ impl<'a> Stream<'a> {
         self.total * (self.max_repetition - self.repetition as u64) - self.taken_in_repetition
     }
 
-    /// Tokens of the next sequence, making the permutation of a new repetition first.
-    fn peek(&mut self) -> Option<u64> {
+    /// The lengths left in the current repetition, making the permutation of a new
+    /// repetition first; `None` when the stream is exhausted.
+    fn rest(&mut self) -> Option<&[i64]> {
         if self.exhausted() {
             return None;
         }
         if self.repetition == self.orders.len() {
-            let order = permutation(
-                self.lengths.len(),
-                mix_seed(&[self.seed, self.repetition as u64]),
-            );
-            let lengths = self.lengths;
-            let mut ordered = Vec::with_capacity(order.len());
-            order
-                .par_iter()
-                .map(|&i| lengths[i as usize])
-                .collect_into_vec(&mut ordered);
+            let (order, ordered) =
+                shuffled(self.lengths, mix_seed(&[self.seed, self.repetition as u64]));
             self.orders.push(order);
             self.ordered_lengths.push(ordered);
         }
-        let length = self.ordered_lengths[self.repetition][self.in_repetition];
-        Some(placed_tokens(length, self.options))
+        Some(&self.ordered_lengths[self.repetition][self.in_repetition..])
     }
 
-    fn advance(&mut self, tokens: u64) {
-        self.position += 1;
-        self.in_repetition += 1;
+    /// Take the next `count` sequences of the current repetition, holding `tokens`.
+    fn advance(&mut self, count: usize, tokens: u64) {
+        self.position += count as u64;
+        self.in_repetition += count;
         self.taken_in_repetition += tokens;
         if self.in_repetition == self.lengths.len() {
             self.repetition += 1;
@@ -142,22 +150,32 @@ impl<'a> Stream<'a> {
     /// Take sequences while each brings the tokens taken closer to `quota`: the result is
     /// within half a sequence of it (or all that is left).
     fn fill(&mut self, quota: f64) -> u64 {
-        let mut taken = 0u64;
-        while let Some(tokens) = self.peek() {
-            if (2 * taken + tokens) as f64 >= 2.0 * quota {
+        let (mut taken, placed) = (0u64, self.placed);
+        while let Some(rest) = self.rest() {
+            let (mut count, before) = (0usize, taken);
+            for &length in rest {
+                let tokens = placed.tokens(length);
+                if (2 * taken + tokens) as f64 >= 2.0 * quota {
+                    break;
+                }
+                taken += tokens;
+                count += 1;
+            }
+            let stopped = count < rest.len();
+            self.advance(count, taken - before);
+            if stopped {
                 break;
             }
-            self.advance(tokens);
-            taken += tokens;
         }
         taken
     }
 
     /// Take every sequence left.
     fn drain(&mut self) -> u64 {
-        let mut taken = 0u64;
-        while let Some(tokens) = self.peek() {
-            self.advance(tokens);
+        let (mut taken, placed) = (0u64, self.placed);
+        while let Some(rest) = self.rest() {
+            let (count, tokens) = (rest.len(), rest.iter().map(|&l| placed.tokens(l)).sum());
+            self.advance(count, tokens);
             taken += tokens;
         }
         taken
@@ -239,21 +257,6 @@ pub fn compose(
         orders,
         ordered_lengths,
     })
-}
-
-/// A seeded random permutation of `0..n`: indices sorted by a hash of `(seed, index)`,
-/// ties by index. A sort rather than Fisher-Yates: the shuffle's random swaps over millions
-/// of items cost a cache miss each and made up most of the composing time.
-fn permutation(n: usize, seed: u64) -> Vec<u32> {
-    let mut keys: Vec<u64> = (0..n as u64)
-        .into_par_iter()
-        .map(|i| {
-            let hash = SplitMix64::new(seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64();
-            (hash & !0xFFFF_FFFF) | i
-        })
-        .collect();
-    keys.par_sort_unstable();
-    keys.into_iter().map(|key| key as u32).collect()
 }
 
 /// Tokens and targets per source of one step, and whether the pass ends with it; `None`

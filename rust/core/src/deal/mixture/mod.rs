@@ -18,6 +18,7 @@
 mod assemble;
 mod compose;
 mod shares;
+mod shuffle;
 #[cfg(test)]
 mod tests;
 
