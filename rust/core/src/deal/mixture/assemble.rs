@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::super::costs::BinCost;
 use super::super::{DealOptions, Dealer, Deck, DivideReport, EpochDeal};
 use super::compose::{compose, Composition};
 use super::Mixture;
@@ -38,17 +37,10 @@ pub struct MixturePlan {
     pub total_tokens: u64,
 }
 
-/// One step's deal, with global sequence indices.
+/// One step's deal, and the global index of each of its sequences.
 struct StepDeal {
-    bin_offsets: Vec<i64>,
-    indices: Vec<i64>,
-    starts: Option<Vec<i64>>,
-    lengths: Vec<i64>,
-    costs: Vec<BinCost>,
-    /// The step's `micro-steps x num_replicas` table of its own bins.
-    table: Vec<i64>,
-    report: DivideReport,
-    counts: crate::packing::PolicyCounts,
+    deal: EpochDeal,
+    global: Vec<i64>,
 }
 
 /// The plan of pass `epoch` of `mixture`, which starts after `consumed_before` tokens:
@@ -178,18 +170,39 @@ fn deal_step(
             deal_options.num_replicas
         ))
     })?;
-    let deal = dealer.deal(epoch);
-    let deck = deal.deck();
     Ok(StepDeal {
-        bin_offsets: deck.bin_offsets().to_vec(),
-        indices: deck.indices().iter().map(|&i| global[i as usize]).collect(),
-        starts: deck.starts().map(<[i64]>::to_vec),
-        lengths: deck.lengths().to_vec(),
-        costs: deck.costs().to_vec(),
-        table: deal.steps().to_vec(),
-        report: deck.report().clone(),
-        counts: deck.source().packing.counts.clone(),
+        deal: dealer.deal(epoch),
+        global,
     })
+}
+
+/// The concatenation of `parts`, each value of part `k` mapped by `map(k, value)`,
+/// written in parallel into huge-page-advised memory.
+fn concatenate<T, F>(parts: &[&[T]], map: F) -> Vec<T>
+where
+    T: Copy + Default + Send + Sync,
+    F: Fn(usize, T) -> T + Sync,
+{
+    let total = parts.iter().map(|part| part.len()).sum();
+    let mut joined = with_capacity_huge(total);
+    joined.resize(total, T::default());
+    let mut pieces = Vec::with_capacity(parts.len());
+    let mut rest = &mut joined[..];
+    for part in parts {
+        let (head, tail) = rest.split_at_mut(part.len());
+        pieces.push(head);
+        rest = tail;
+    }
+    pieces
+        .into_par_iter()
+        .zip(parts)
+        .enumerate()
+        .for_each(|(k, (piece, part))| {
+            for (slot, &value) in piece.iter_mut().zip(*part) {
+                *slot = map(k, value);
+            }
+        });
+    joined
 }
 
 /// Join the steps' deals into one deal of the pass.
@@ -203,46 +216,71 @@ fn join(
     epoch: u64,
 ) -> MixturePlan {
     let ranks = deal_options.num_replicas;
-    let n_segments: usize = steps.iter().map(|s| s.indices.len()).sum();
-    let n_bins: usize = steps.iter().map(|s| s.costs.len()).sum();
-    let any_starts = steps.iter().any(|s| s.starts.is_some());
-    let mut packing = Packing {
-        bin_offsets: with_capacity_huge(n_bins + 1),
-        indices: with_capacity_huge(n_segments),
-        starts: any_starts.then(|| with_capacity_huge(n_segments)),
-        lengths: with_capacity_huge(n_segments),
-        bin_tokens: with_capacity_huge(n_bins),
-        counts: Default::default(),
-        segment_cost: 0,
+    // Where each step's bins and segments begin in the joined deal.
+    let (mut first_bin, mut first_segment) = (vec![0i64], vec![0i64]);
+    for step in &steps {
+        let deck = step.deal.deck();
+        first_bin.push(first_bin[first_bin.len() - 1] + deck.costs().len() as i64);
+        first_segment.push(first_segment[first_segment.len() - 1] + deck.indices().len() as i64);
+    }
+    let n_bins = first_bin[steps.len()] as usize;
+    let parts = |field: fn(&Deck) -> &[i64]| {
+        steps
+            .iter()
+            .map(|s| field(s.deal.deck()))
+            .collect::<Vec<_>>()
     };
-    packing.bin_offsets.push(0);
-    let mut costs = with_capacity_huge(n_bins);
-    let mut table = with_capacity_huge(n_bins);
+    let mut bin_offsets = vec![0i64];
+    bin_offsets.extend(concatenate(
+        &steps
+            .iter()
+            .map(|s| &s.deal.deck().bin_offsets()[1..])
+            .collect::<Vec<_>>(),
+        |k, offset| offset + first_segment[k],
+    ));
+    let starts = steps
+        .iter()
+        .any(|s| s.deal.deck().starts().is_some())
+        .then(|| {
+            let longest = steps.iter().map(|s| s.global.len()).max().unwrap_or(0);
+            let zeros = vec![0i64; longest];
+            let parts: Vec<&[i64]> = steps
+                .iter()
+                .map(|s| {
+                    let deck = s.deal.deck();
+                    deck.starts().unwrap_or(&zeros[..deck.indices().len()])
+                })
+                .collect();
+            concatenate(&parts, |_, start| start)
+        });
+    let costs = concatenate(
+        &steps
+            .iter()
+            .map(|s| s.deal.deck().costs())
+            .collect::<Vec<_>>(),
+        |_, cost| cost,
+    );
+    let mut packing = Packing {
+        bin_offsets,
+        indices: concatenate(&parts(Deck::indices), |k, index| {
+            steps[k].global[index as usize]
+        }),
+        starts,
+        lengths: concatenate(&parts(Deck::lengths), |_, length| length),
+        bin_tokens: costs.par_iter().map(|c| c.tokens as i64).collect(),
+        counts: Default::default(),
+        segment_cost: costs.iter().map(|c| c.tokens).sum(),
+    };
+    let tables: Vec<&[i64]> = steps.iter().map(|s| s.deal.steps()).collect();
+    let table = concatenate(&tables, |k, bin| bin + first_bin[k]);
     let mut report = DivideReport::default();
-    let mut step_offsets = Vec::with_capacity(steps.len() + 1);
-    step_offsets.push(0i64);
-    for step in steps {
-        let (base, first) = (costs.len() as i64, packing.indices.len() as i64);
-        packing
-            .bin_offsets
-            .extend(step.bin_offsets[1..].iter().map(|&o| o + first));
-        packing.indices.extend_from_slice(&step.indices);
-        if let Some(starts) = &mut packing.starts {
-            match &step.starts {
-                Some(s) => starts.extend_from_slice(s),
-                None => starts.resize(starts.len() + step.indices.len(), 0),
-            }
-        }
-        packing.lengths.extend_from_slice(&step.lengths);
-        packing
-            .bin_tokens
-            .extend(step.costs.iter().map(|c| c.tokens as i64));
-        packing.segment_cost += step.costs.iter().map(|c| c.tokens).sum::<u64>();
-        costs.extend_from_slice(&step.costs);
-        table.extend(step.table.iter().map(|&b| b + base));
-        step_offsets.push((table.len() / ranks) as i64);
-        add_report(&mut report, &step.report);
-        add_counts(&mut packing.counts, &step.counts);
+    let mut step_offsets = vec![0i64];
+    for step in &steps {
+        let deck = step.deal.deck();
+        step_offsets
+            .push(step_offsets[step_offsets.len() - 1] + (step.deal.steps().len() / ranks) as i64);
+        add_report(&mut report, deck.report());
+        add_counts(&mut packing.counts, &deck.source().packing.counts);
     }
     let n_sources = mixture.n_sources();
     let mut source_tokens = Vec::with_capacity(composition.steps.len() * n_sources);
