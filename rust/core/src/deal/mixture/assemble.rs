@@ -242,8 +242,8 @@ fn join(
         .iter()
         .any(|s| s.deal.deck().starts().is_some())
         .then(|| {
-            let longest = steps.iter().map(|s| s.global.len()).max().unwrap_or(0);
-            let zeros = vec![0i64; longest];
+            let longest = first_segment.windows(2).map(|w| w[1] - w[0]).max();
+            let zeros = vec![0i64; longest.unwrap_or(0) as usize];
             let parts: Vec<&[i64]> = steps
                 .iter()
                 .map(|s| {
