@@ -309,3 +309,59 @@ fn oversize_sequences_are_named_by_source() {
         "{error}"
     );
 }
+
+#[test]
+fn split_sequences_are_placed_whole_across_the_joined_steps() {
+    // One sequence of source 1 is split; the steps without it have no starts of their own.
+    let mut long = vec![40; 30];
+    long[7] = 700;
+    let mix = mixture(
+        &[vec![50; 40], long],
+        &[0.5, 0.5],
+        &[1, 1],
+        Exhausted::Renormalize,
+    );
+    let options = PackOptions::new(256, None, 1, "split", "bfd", 0).unwrap();
+    let result = plan(
+        &mix,
+        &constant(800),
+        &options,
+        PackingKind::Packed,
+        &deal_options(2),
+        0,
+        0,
+    )
+    .unwrap();
+    assert!(result.step_offsets.len() > 3);
+    let deck = result.deal.deck();
+    let packing = &deck.source().packing;
+    let starts = packing
+        .starts
+        .as_ref()
+        .expect("a split sequence gives starts");
+    // Every token of every sequence placed once: pieces of a sequence tile it from 0.
+    let mut pieces: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for j in 0..packing.indices.len() {
+        pieces
+            .entry(packing.indices[j])
+            .or_default()
+            .push((starts[j], packing.lengths[j]));
+    }
+    assert_eq!(pieces.len(), mix.lengths().len());
+    for (&index, found) in &mut pieces {
+        found.sort_unstable();
+        let mut end = 0;
+        for &(start, length) in found.iter() {
+            assert_eq!(start, end, "sequence {index}: {found:?}");
+            end += length;
+        }
+        assert_eq!(end, mix.lengths()[index as usize], "sequence {index}");
+    }
+    for b in 0..packing.n_bins() {
+        let (first, last) = (
+            packing.bin_offsets[b] as usize,
+            packing.bin_offsets[b + 1] as usize,
+        );
+        assert!(packing.lengths[first..last].iter().sum::<i64>() <= 256);
+    }
+}
