@@ -12,10 +12,18 @@ from typing import Any, Generic, Literal, TypeVar, cast, overload
 import numpy as np
 import numpy.typing as npt
 
-from tokenbatch._convert import as_choice
+from tokenbatch._convert import as_choice, as_cost_matrix, as_int
 from tokenbatch.distribute import Balance, Dealer, mix_seed
 from tokenbatch.errors import InvalidValueError
-from tokenbatch.packing import Algorithm, OversizePolicy, Packing, batch_padded, pack
+from tokenbatch.packing import (
+    MAX_COST_COLUMNS,
+    Algorithm,
+    OversizePolicy,
+    Packing,
+    batch_padded,
+    pack,
+    pack_costs,
+)
 from tokenbatch.schedule import BatchSchedule
 from tokenbatch.torch._mixture import _Sources
 
@@ -33,6 +41,46 @@ def check_early(lengths: Sized, dataset: Sized | None, balance: Balance) -> None
         )
     if balance is not None:
         as_choice(balance, "balance", _BALANCES)
+
+
+def read_extra_costs(
+    costs: Any,
+    budgets: Any,
+    n_seqs: int,
+    refused: dict[str, bool],
+) -> tuple[npt.NDArray[np.int64] | None, tuple[int, ...]]:
+    """The sampler's budgets besides tokens: an ``n_seqs x k`` cost matrix, copied and
+    frozen, and its ``k`` budgets; ``refused`` names the options they cannot go with."""
+    if costs is None and budgets is None:
+        return None, ()
+    if costs is None or budgets is None:
+        raise InvalidValueError("extra_costs and max_extra_costs go together: give both or neither")
+    matrix = np.array(as_cost_matrix(costs), dtype=np.int64)
+    if matrix.shape[0] != n_seqs:
+        raise InvalidValueError(
+            f"extra_costs has {matrix.shape[0]} rows but there are {n_seqs} sequences; it "
+            "needs one row per sequence"
+        )
+    if not 1 <= matrix.shape[1] < MAX_COST_COLUMNS:
+        raise InvalidValueError(
+            f"extra_costs has {matrix.shape[1]} columns; it takes 1 to "
+            f"{MAX_COST_COLUMNS - 1} (the tokens are the first of {MAX_COST_COLUMNS} budgets)"
+        )
+    limits = tuple(as_int(b, f"max_extra_costs[{c}]", minimum=1) for c, b in enumerate(budgets))
+    if len(limits) != matrix.shape[1]:
+        raise InvalidValueError(
+            f"max_extra_costs has {len(limits)} budgets but extra_costs has "
+            f"{matrix.shape[1]} columns; give one budget per column"
+        )
+    for option, conflicts in refused.items():
+        if conflicts:
+            raise InvalidValueError(
+                f"extra_costs cannot be combined with {option}: batches under several "
+                "budgets are packed by tokenbatch.pack_costs (first-fit decreasing, every "
+                "sequence whole, in packed mode)"
+            )
+    matrix.flags.writeable = False
+    return matrix, limits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +104,8 @@ class _Options:
     schedule: BatchSchedule | None
     mixture: _Sources | None = None
     groups: npt.NDArray[np.int64] | None = None
+    extra_costs: npt.NDArray[np.int64] | None = None
+    max_extra_costs: tuple[int, ...] = ()
 
     @property
     def repacks_every_epoch(self) -> bool:
@@ -67,6 +117,15 @@ class _Options:
         return epoch if self.repacks_every_epoch else 0
 
     def packing(self, packing_epoch: int) -> Packing:
+        if self.extra_costs is not None:
+            return pack_costs(
+                np.column_stack([self.lengths, self.extra_costs]),
+                [self.max_tokens, *self.max_extra_costs],
+                groups=self.groups,
+                max_seqs=self.max_seqs,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                oversize=cast(Literal["error", "drop"], self.oversize),
+            )
         if self.mode == "padded":
             return batch_padded(
                 self.lengths,
@@ -117,6 +176,7 @@ class _Options:
             "hidden_size": self.hidden_size,
             "schedule": None if self.schedule is None else repr(self.schedule),
             **({} if self.mixture is None else {"mixture": self.mixture.config()}),
+            **({} if self.extra_costs is None else {"max_extra_costs": self.max_extra_costs}),
         }
 
     @functools.cached_property
@@ -125,6 +185,8 @@ class _Options:
         digest.update(self.lengths.astype("<i8", copy=False).tobytes())
         if self.groups is not None:
             digest.update(b"groups" + self.groups.astype("<i8", copy=False).tobytes())
+        if self.extra_costs is not None:
+            digest.update(b"costs" + self.extra_costs.astype("<i8", copy=False).tobytes())
         options = {k: v for k, v in self.config().items() if k != "num_replicas"}
         digest.update(repr(sorted(options.items())).encode())
         return digest.hexdigest()

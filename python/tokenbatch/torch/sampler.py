@@ -26,7 +26,13 @@ from tokenbatch.mixture import Mixture, MixturePlan
 from tokenbatch.packing import ALGORITHMS, Algorithm, OversizePolicy
 from tokenbatch.schedule import BatchSchedule
 from tokenbatch.torch._mixture import _mixture_dealer, _read_sources, _resized_start, _step_position
-from tokenbatch.torch._sampler_options import _OVERSIZE, _Option, _Options, check_early
+from tokenbatch.torch._sampler_options import (
+    _OVERSIZE,
+    _Option,
+    _Options,
+    check_early,
+    read_extra_costs,
+)
 from tokenbatch.torch._sampler_state import _STATE_FORMAT, _Cursor, _read_state, _Runs
 
 __all__ = ["BatchIndices", "TokenBudgetBatchSampler"]
@@ -106,6 +112,12 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             order, and the deal never cuts a batch inside a group, so a group is served
             once, to one rank, in one micro-batch, across resumes and resizes too.
             ``oversize`` must be ``"error"`` or ``"drop"``; not with ``mixture``.
+        extra_costs, max_extra_costs: budgets besides tokens (vision patches, images...):
+            an ``n x k`` matrix of every sequence's costs and ``k`` budgets; every batch
+            keeps every column within its budget, packed by :func:`tokenbatch.pack_costs`
+            with the tokens as its first column (``mode="packed"``, the default
+            ``algorithm``, ``oversize`` ``"error"`` or ``"drop"``; not with ``mixture``).
+            ``balance`` weighs the tokens.
 
     Raises:
         InvalidValueError: ``rank >= num_replicas``, lengths that disagree with
@@ -130,6 +142,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
     hidden_size: _Option[int | None] = _Option()
     schedule: _Option[BatchSchedule | None] = _Option()
     groups: _Option[npt.NDArray[np.int64] | None] = _Option()
+    extra_costs: _Option[npt.NDArray[np.int64] | None] = _Option()
+    max_extra_costs: _Option[tuple[int, ...]] = _Option()
 
     def __init__(
         self,
@@ -152,6 +166,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
         schedule: BatchSchedule | None = None,
         mixture: Mixture | None = None,
         groups: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+        extra_costs: npt.ArrayLike | None = None,
+        max_extra_costs: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         sources = None
@@ -166,6 +182,17 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
                 f"schedule must be a tokenbatch.schedule schedule, got {type(schedule).__name__}"
             )
         replicas, position = replicas_and_rank(num_replicas, rank)
+        costs, budgets = read_extra_costs(
+            extra_costs,
+            max_extra_costs,
+            len(array),
+            {
+                f"mode={mode!r}": mode != "packed",
+                f"algorithm={algorithm!r}": algorithm != "bfd",
+                f"oversize={oversize!r}": oversize not in ("error", "drop"),
+                "a mixture": mixture is not None,
+            },
+        )
         self._options = _Options(
             lengths=array,
             max_tokens=as_int(max_tokens, "max_tokens", minimum=1),
@@ -186,6 +213,8 @@ class TokenBudgetBatchSampler(Sampler[BatchIndices]):
             schedule=schedule,
             mixture=sources,
             groups=_read_groups(groups, mixture),
+            extra_costs=costs,
+            max_extra_costs=budgets,
         )
         self._cursor = _Cursor()
         # Caches: the epoch-independent work for one packing, the current plan and its
