@@ -3,6 +3,7 @@ within its budget, every sequence once per epoch over the ranks, resumes and res
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections import Counter
 from typing import Any
@@ -138,7 +139,7 @@ def test_a_resumed_epoch_continues_exactly_and_other_costs_are_refused() -> None
     done = [next(iterator) for _ in range(5)]
     state = first.state_dict()
     resumed = sampler(lengths, costs, budgets, 2, 1)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # a state survives JSON
     assert done + list(resumed) == whole
     other = costs.copy()
     other[0, 1] += 1
@@ -163,6 +164,7 @@ def test_bad_costs_raise_named_errors() -> None:
         ({"max_extra_costs": budgets}, InvalidValueError, "go together"),
         ({"extra_costs": costs[:5], "max_extra_costs": budgets}, InvalidValueError, "5 rows"),
         ({"extra_costs": costs, "max_extra_costs": [9]}, InvalidValueError, "one budget per"),
+        ({"extra_costs": costs, "max_extra_costs": 9}, InvalidTypeError, "sequence of budgets"),
         ({"extra_costs": costs, "max_extra_costs": [2048, 0]}, InvalidValueError, "max_extra"),
         ({"extra_costs": costs[:, 0], "max_extra_costs": [9]}, InvalidTypeError, "two-dim"),
         (

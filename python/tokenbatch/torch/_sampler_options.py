@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from tokenbatch._convert import as_choice, as_cost_matrix, as_int
 from tokenbatch.distribute import Balance, Dealer, mix_seed
-from tokenbatch.errors import InvalidValueError
+from tokenbatch.errors import InvalidTypeError, InvalidValueError
 from tokenbatch.packing import (
     MAX_COST_COLUMNS,
     Algorithm,
@@ -65,6 +65,10 @@ def read_extra_costs(
         raise InvalidValueError(
             f"extra_costs has {matrix.shape[1]} columns; it takes 1 to "
             f"{MAX_COST_COLUMNS - 1} (the tokens are the first of {MAX_COST_COLUMNS} budgets)"
+        )
+    if isinstance(budgets, (str, bytes)) or not hasattr(budgets, "__iter__"):
+        raise InvalidTypeError(
+            f"max_extra_costs must be a sequence of budgets, got {type(budgets).__name__}"
         )
     limits = tuple(as_int(b, f"max_extra_costs[{c}]", minimum=1) for c, b in enumerate(budgets))
     if len(limits) != matrix.shape[1]:
@@ -176,7 +180,7 @@ class _Options:
             "hidden_size": self.hidden_size,
             "schedule": None if self.schedule is None else repr(self.schedule),
             **({} if self.mixture is None else {"mixture": self.mixture.config()}),
-            **({} if self.extra_costs is None else {"max_extra_costs": self.max_extra_costs}),
+            **({} if self.extra_costs is None else {"max_extra_costs": list(self.max_extra_costs)}),
         }
 
     @functools.cached_property
