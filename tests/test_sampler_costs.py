@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from resized_runs import batches_over_runs
 
 from tokenbatch.errors import InvalidTypeError, InvalidValueError, OversizeError
 from tokenbatch.mixture import Mixture
@@ -114,19 +115,9 @@ def test_resume_and_resize_keep_every_budget_and_use_each_sequence_once(
 ) -> None:
     lengths, costs = vision_items(1500, seed=2)
     budgets = [2048, 8]
-    batches: list[list[int]] = []
-    state = None
-    for replicas, steps in runs:
-        samplers = [sampler(lengths, costs, budgets, replicas, r) for r in range(replicas)]
-        for each in samplers:
-            if state is not None:
-                each.load_state_dict(state, allow_resize=True)
-        assert len({len(s) for s in samplers}) == 1
-        for each in samplers:
-            iterator = iter(each)
-            take = len(each) - each.start_step if steps is None else steps
-            batches.extend(next(iterator) for _ in range(take))
-        state = samplers[0].state_dict()
+    batches = batches_over_runs(
+        lambda replicas, rank: sampler(lengths, costs, budgets, replicas, rank), runs
+    )
     check_batches(batches, lengths, costs, budgets)
 
 

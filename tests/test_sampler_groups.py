@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from resized_runs import batches_over_runs
 
 import tokenbatch as tb
 from tokenbatch.errors import InvalidValueError
@@ -83,22 +84,12 @@ def test_resume_and_resize_keep_groups_whole_and_use_each_once(
 ) -> None:
     lengths = tb.datasets.example_lengths("chat", 1200, max_length=500, seed=4)
     ids = pair_ids(len(lengths), [2] * 600)  # preference pairs
-    batches: list[list[int]] = []
-    state = None
-    for replicas, steps in runs:
-        samplers = [
-            TokenBudgetBatchSampler(lengths, 1024, num_replicas=replicas, rank=r, groups=ids)
-            for r in range(replicas)
-        ]
-        for sampler in samplers:
-            if state is not None:
-                sampler.load_state_dict(state, allow_resize=True)
-        assert len({len(s) for s in samplers}) == 1
-        for sampler in samplers:
-            iterator = iter(sampler)
-            take = len(sampler) - sampler.start_step if steps is None else steps
-            batches.extend(next(iterator) for _ in range(take))
-        state = samplers[0].state_dict()
+    batches = batches_over_runs(
+        lambda replicas, rank: TokenBudgetBatchSampler(
+            lengths, 1024, num_replicas=replicas, rank=rank, groups=ids
+        ),
+        runs,
+    )
     check_groups(batches, ids)
 
 
