@@ -7,10 +7,13 @@ on every build alike; the ratios are taken round by round against the first buil
 
     python benches/compare_builds.py first 14 1000000,10000000 before=DIR_A after=DIR_B
     python benches/compare_builds.py warm 6 1000000 before=DIR_A after=DIR_B
+    python benches/compare_builds.py sampler 6 10000000 before=DIR_A after=DIR_B
 
 `first`: the first `tb.pack` of the process (after `np.sort` of the same lengths, as in
 bench_first_call.py), `documents` lengths capped at 8,192. `warm`: the median of 5 calls
 of `tb.pack` (bfd) and of `tb.batch_padded` after one untimed call, `lognormal` lengths.
+`sampler`: building a `TokenBudgetBatchSampler` of rank 3 of 8 over `documents` lengths
+and iterating its epoch, the first of the process (as `bench_sampler.py` times it).
 Wall-clock and CPU seconds (every thread of the process) are both reported.
 A build may carry environment variables: `NAME=DIR,VAR=VALUE,...`.
 """
@@ -56,6 +59,22 @@ for name, call in [("pack", tb.pack), ("batch_padded", tb.batch_padded)]:
 print(json.dumps(out))
 """
 
+SAMPLER = """
+import json, sys, time
+import numpy as np
+from tokenbatch.torch import TokenBudgetBatchSampler
+lengths = np.load(sys.argv[1])
+wall, cpu = time.perf_counter(), time.process_time()
+sampler = TokenBudgetBatchSampler(lengths, 8192, num_replicas=8, rank=3)
+batches = sum(1 for _ in sampler)
+print(json.dumps({"sampler": time.perf_counter() - wall, "sampler_cpu": time.process_time() - cpu}))
+"""
+SCRIPTS = {
+    "first": ("documents", FIRST),
+    "warm": ("lognormal", WARM),
+    "sampler": ("documents", SAMPLER),
+}
+
 
 def main(mode: str, rounds: int, sizes: list[int], builds: list[str]) -> None:
     envs: dict[str, dict[str, str]] = {}
@@ -68,7 +87,7 @@ def main(mode: str, rounds: int, sizes: list[int], builds: list[str]) -> None:
     sys.path.insert(0, envs[names[0]]["PYTHONPATH"])
     from tokenbatch.datasets import example_lengths
 
-    kind, script = ("documents", FIRST) if mode == "first" else ("lognormal", WARM)
+    kind, script = SCRIPTS[mode]
     with tempfile.TemporaryDirectory() as folder:
         for n in sizes:
             path = Path(folder) / f"lengths-{n}.npy"
