@@ -1,96 +1,13 @@
 //! Bytes a transformer layer saves for its backward pass, per token of a micro-batch.
 //!
-//! # `modern`, tensor by tensor
-//! `e` is the activation dtype's size, `h` the hidden size, `a` and `g` the query and
-//! key/value heads of a rank, `dq`/`dv` the query/key and value head sizes, `f` the MLP
-//! width of a rank, `s` the key length, `k` the experts per token, `E` the routed experts.
-//! Tensors on the residual stream (norm inputs, layer inputs) are divided by `tp` under
-//! sequence parallelism.
-//!
-//! The [`Implementation`] says which code base's kernels save what:
-//!
-//! * **norms**: `hf` RMSNorm upcasts its input to fp32 and keeps that copy, the fp32
-//!   reciprocal RMS and the normalized tensor cast back before the weight multiply
-//!   (`(4 + e) w + 4`); a `fused` kernel keeps its input and the fp32 statistic (`e w + 4`);
-//!   LayerNorm (PyTorch's own kernel in both) keeps its input, mean and reciprocal std
-//!   (`e w + 8`).
-//! * **attention**: the input of the q/k/v projections (`e h`); with flash attention
-//!   q, k and v as the kernel gets them (GQA keys and values unexpanded), the output, which
-//!   is also the output projection's input, and the fp32 log-sum-exp (`4 a`); with eager
-//!   attention keys and values expanded to the query heads, the softmax probabilities
-//!   (`hf`: fp32 plus a copy in the activation dtype; `fused`: the activation dtype) and
-//!   a contiguous copy of the output for the projection.
-//! * **multi-head latent attention**: the two low-rank paths each keep a norm and the
-//!   up-projection's input; `hf` keeps the values as a view of the up-projection's output
-//!   (`e a (d_nope + dv)`) and copies the output before the projection, `fused` keeps the
-//!   rotary key part separately.
-//! * **MLP**: its input and, for SwiGLU, gate, up, silu(gate) and their product (`4 e f`;
-//!   3 tensors when `fused_swiglu`); GeLU: the fc1 output and the GeLU output.
-//! * **MoE**: the layer input and the router's tensors (`hf` softmax routers: fp32
-//!   probabilities, int64 top-k indices, the fp32 sum and normalized weights; `hf`
-//!   sigmoid routers with a correction bias, DeepSeek-V3's, run in fp32: an fp32 copy of
-//!   the input and, for weights not in fp32, of the router weight, the fp32 scores and a
-//!   byte mask per expert; with group-limited routing the int64 indices of the groups' top
-//!   scores and of the chosen groups; `fused`, Megatron-Core's routers: see
-//!   `Activations::fused_moe`). Per routed copy of a token, `hf` keeps the gathered
-//!   expert input and the expert output (`2 e h`), the expert's inner activations, its
-//!   fp32 routing weight and three int64 indices of the sort by expert (grouped GEMM);
-//!   `fused` the gathered input, the inner activations, the routing weight in the
-//!   activation dtype (applied inside the activation function, so the expert output is
-//!   not kept) and one index. Shared experts keep their inner activations.
-//! * **rotary tables** (`hf`): cos and sin of every position, once per micro-batch.
-//!
-//! With FP8 linear layers, the inputs linear layers keep for backward (of the q/k/v, MLA
-//! up-, output, MLP and expert projections) are kept in FP8 (1 byte); where such an input
-//! is also kept by another operation in the activation dtype (the attention output under
-//! flash attention without selective recomputation), the FP8 copy comes on top.
-//!
-//! Selective recomputation (`selective` and `core_attn`) recomputes the attention core:
-//! it keeps only the core's inputs (q, and keys and values as flash attention gets them:
-//! unexpanded, since eager attention expands them inside the core), not its output,
-//! log-sum-exp or probabilities; `o_proj` keeps its own input. The two modes differ in
-//! the rest of the layer:
-//!
-//! * `selective` (`fused`) also recomputes the MLP activation functions: the MLP keeps
-//!   its input, gate and up, and rebuilds the activation and the product the second
-//!   projection reads, in experts (as Megatron-Core's `moe_act` does for grouped-GEMM
-//!   experts) and dense MLPs alike; q, k and v are separate tensors. Megatron-Core's
-//!   `["core_attn", "moe_act"]` (`core_attn+moe_act`) keeps more: the fused QKV output,
-//!   as `core_attn` does, and a dense MLP's activation.
-//! * `core_attn` is Megatron-Core's default (`recompute_modules=["core_attn"]`), as
-//!   measured in tests/test_memory_megatron_core.py: the MLP keeps all its tensors, and
-//!   with rotary positions the checkpoint's values are a view of the fused QKV output,
-//!   which keeps the queries and keys before rotary alive too.
-//!
-//! In `hf`, where selective recomputation is an attention function run under a
-//! checkpoint (`transformers` has no selective mode), both keep the MLP's tensors and
-//! q, k and v are separate projections.
-//!
-//! Megatron-Core's other `recompute_modules`, each a module run under a checkpoint that
-//! keeps the module's input in the activation dtype (measured in
-//! tests/test_memory_megatron_core.py; `core_attn` is above):
-//!
-//! * `mlp`: a dense layer's MLP keeps its input only. Transformer Engine's layer fuses the
-//!   pre-MLP norm into the first projection, so the norm is recomputed with it (`fused`);
-//!   in `hf` the norm is a module of its own and keeps its tensors.
-//! * `moe`: a MoE layer (router, dispatch, routed and shared experts) keeps its input only.
-//! * `shared_experts`: the shared experts keep no inner activations.
-//! * `layernorm`: the norms that run as modules of their own (`hf`: all; `fused`, as in
-//!   Transformer Engine's layer: an MLA layer's input norm and a MoE layer's pre-MLP norm;
-//!   the others are fused into the next projection and not recomputed) keep their input
-//!   only, and the tensor they produce, which the next modules kept (the projections'
-//!   input, a checkpointed block's input), is freed and rebuilt in backward.
-//!
-//! * `mla_up_proj`: MLA's up-projections (with the rotary embedding and the paths'
-//!   norms, fused into them in Transformer Engine's layer) run under a checkpoint that
-//!   frees q, k and v once the core has run: the paths keep their compressed inputs.
-//!
-//! * `moe_act`: the routed experts' activation function is rebuilt from their first
-//!   projection's output, as `selective` rebuilds every MLP's (not measured: Megatron-Core
-//!   runs it for grouped-GEMM experts only, which need CUDA).
-//!
-//! # `korthikanti`
-//! Korthikanti et al. 2022, table 2 (see [`crate::memory::estimate`]).
+//! `modern` counts the tensors today's blocks keep, as the spec's [`Implementation`]
+//! (`hf`: `transformers`' modules; `fused`: Megatron-Core with Transformer Engine) and the
+//! recomputation modes decide; `korthikanti` is Korthikanti et al. 2022, table 2. The
+//! tensors, their sizes and the measurements behind them are listed once, in
+//! docs/memory.md ("Formulas and sources"), in the notation used here: `e` the activation
+//! dtype's bytes, `h` the hidden size, `a`/`g` a rank's query and key/value heads, `dq`/`dv`
+//! the head sizes, `f` a rank's MLP width, `s` the key length, `k` experts per token, `E`
+//! the routed experts.
 
 use crate::memory::layout::{Modules, Recompute};
 use crate::memory::spec::{FfnType, Implementation, ModelSpec, MoeDispatcher, NormType};

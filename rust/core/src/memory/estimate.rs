@@ -1,45 +1,8 @@
-//! Closed-form per-GPU memory of one training configuration.
-//!
-//! # Model states (bytes per parameter held by a GPU)
-//! `param_bytes` weights, `grad_bytes + grad_buffer_bytes` gradients and
-//! `master_bytes + optimizer_state_bytes` optimizer state; mixed-precision AdamW is
-//! 2 + 2 + (4 + 4 + 4) = 16 bytes (Rajbhandari et al. 2020, "ZeRO", section 3.1;
-//! Ultra-Scale Playbook, "Memory usage in Transformers"). fp32 master weights are optimizer
-//! state, so ZeRO-1 shards them with the moments. ZeRO stage `z` divides optimizer state
-//! (z >= 1), gradients (z >= 2) and weights (z >= 3) by the sharding group: `dp * cp` for
-//! dense weights (Megatron shards the distributed optimizer over data and context
-//! parallel ranks) and `dp * cp / ep` for routed experts.
-//!
-//! Tensor parallelism (Shoeybi et al. 2019) splits attention heads, MLP columns and the
-//! vocabulary; norms, the MoE router and MLA's down-projections stay replicated; key/value
-//! heads are replicated when `tp` exceeds their number. Expert parallelism splits routed
-//! experts over `ep` ranks, and experts are also split over `tp` (Megatron-Core's default
-//! expert tensor parallelism). Pipeline parallelism gives each stage `num_layers / pp`
-//! layers; the first stage also holds the embedding, the last the final norm and output
-//! projection (a copy of it when embeddings are tied and `pp > 1`).
-//!
-//! # Activations
-//! Bytes saved for backward per token of a micro-batch (`micro_batch * seq_len / cp` tokens
-//! per GPU, each sequence padded to a multiple of `2 * cp` when `cp > 1`, as load-balanced
-//! context parallelism needs), per layer, times the layers and micro-batches in flight on the stage:
-//! 1F1B keeps `min(m, pp - i)` micro-batches on stage `i` (Narayanan et al. 2021); the
-//! interleaved schedule with `vpp` chunks keeps `min(m * vpp, 2 (pp - i - 1) + (vpp - 1) pp + 1)`
-//! chunks, which on stage 0 is Megatron's `pp * (1 + (pp - 1) / (pp * vpp))` stage
-//! equivalents. The reported breakdown is the busiest stage (largest total).
-//!
-//! `korthikanti`: Korthikanti et al. 2022, table 2, per layer
-//! `sbh (10 + 24/t + 5as/(ht))` without sequence parallelism, `sbh/t (34 + 5as/h)` with it,
-//! the `5as/h` term removed by selective recomputation and `2sbh` (`/t` with sequence
-//! parallelism) kept by full recomputation, plus the `sbh` dropout mask of the input
-//! embedding per micro-batch in flight (their section 4.3). It assumes GPT blocks (4h GeLU
-//! MLP, LayerNorm, dropout, 16-bit activations); applied to other shapes it reproduces
-//! published estimates such as the Ultra-Scale Playbook's, not the real allocation.
-//!
-//! `modern`: the tensors today's blocks save, listed in [`crate::memory::activations`],
-//! for Hugging Face's modules or fused kernels (the spec's `implementation`); the head
-//! keeps the final norm, its output and the logits in `logits_bytes` for the loss.
-//! Full recomputation keeps each layer's input and needs one layer's activations while it
-//! recomputes (Chen et al. 2016).
+//! Closed-form per-GPU memory of one training configuration: model states (weights,
+//! gradients, optimizer state, divided by tensor, pipeline, expert parallelism and ZeRO),
+//! the activations of the busiest pipeline stage ([`crate::memory::activations`], times
+//! the micro-batches in flight of [`crate::memory::stage`]), and the overhead. The
+//! formulas and their sources are in docs/memory.md ("Formulas and sources").
 
 use crate::memory::breakdown::Breakdown;
 use crate::memory::checks::{check_fields, ep_group_fit, split_fit, validate_fit};
