@@ -169,11 +169,14 @@ def pack_costs(
             its column and cost) or left out (``"drop"``, counted in
             :meth:`Packing.stats`).
 
-    Every column of every bin stays within its budget. Sequences (or groups) are offered
-    by decreasing *size*, the largest share of a budget any of their columns takes
-    (``max_c costs[i, c] / max_costs[c]``), ties by input order; each goes to the first
-    bin, in the order bins were opened, where every column fits: first-fit decreasing on
-    that size. ``Packing.lower_bound`` is the largest per-column bound
+    Every column of every bin stays within its budget. Sequences (or groups) that cost
+    something beyond column 0 are offered first, by decreasing *size*, the largest share of
+    a budget any of their columns takes (``max_c costs[i, c] / max_costs[c]``), ties by
+    input order; each goes to the first bin, in the order bins were opened, where every
+    column fits: first-fit decreasing on that size. Those that cost only column 0 (text
+    beside images) follow by decreasing tokens, each to the bin with the least token room
+    that holds it (best fit, as :func:`pack`; with ``max_seqs`` every sequence costs a
+    slot of it, so all go by first fit). ``Packing.lower_bound`` is the largest per-column bound
     ``ceil(sum(costs[:, c]) / max_costs[c])`` (and the ``max_seqs`` bound); the bins'
     totals per column are ``np.add.reduceat(costs[packing.indices], bin_offsets[:-1])``
     for a packing without empty bins.

@@ -1,17 +1,18 @@
 //! Packing units against several budgets at once, and padded batching of units.
 //!
-//! Units are offered by decreasing *size*: the largest share of a budget any of their
-//! columns takes, `max_c cost_c / budget_c` (compared exactly as integers, rounded down to
-//! a multiple of 2^-32), ties by input order. Each goes to the lowest-numbered open bin
-//! where every column fits (first fit), found in a segment tree that keeps, per node, the
-//! largest remaining capacity of each column among its bins. A node whose maxima do not
-//! all fit holds no fitting bin; one whose maxima fit may still hold none (the maxima can
-//! come from different bins), and the search then backtracks, which is rare when the
-//! units arrive largest first.
+//! Units that cost more than tokens are offered first, by decreasing *size*: the largest
+//! share of a budget any of their columns takes, `max_c cost_c / budget_c` (compared
+//! exactly as integers, rounded down to a multiple of 2^-32), ties by input order. Each
+//! goes to the lowest-numbered open bin where every column fits (first fit), found in a
+//! segment tree that keeps, per node, the largest remaining capacity of each column among
+//! its bins. A node whose maxima do not all fit holds no fitting bin; one whose maxima fit
+//! may still hold none (the maxima can come from different bins), and the search then
+//! backtracks. Units that cost only tokens follow, by best fit on the token column.
 
 use rayon::prelude::*;
 
 use super::assign::BinTotals;
+use super::capacity_index::{BestFitIndex, OpenBin};
 use super::units::Units;
 
 /// A max segment tree over bins (in the order they were opened), with one value per
@@ -104,15 +105,26 @@ fn size(cost: &[u64], budgets: &[u64]) -> u64 {
         .unwrap_or(0) as u64
 }
 
-/// First-fit decreasing by size over every column: the bin of each unit, and the units
-/// and column-0 cost of each bin.
+/// First-fit decreasing by size over every column, then best fit for the units that
+/// cost only column 0: the bin of each unit, and the units and column-0 cost of each bin.
+///
+/// Units that cost only tokens (text beside images) fit wherever tokens fit, so they go
+/// last, by decreasing tokens, each to the bin with the least token room that holds it,
+/// as `tb.pack` places sequences. Offered among the others, they fill bins' token room
+/// while leaving their other columns free, and the first-fit search then meets nodes whose
+/// maxima come from different bins at every step.
 pub fn first_fit_columns(units: &Units) -> (Vec<u32>, BinTotals) {
     let m = units.columns();
-    let mut order: Vec<(u64, u32)> = (0..units.len() as u32)
+    let mut order: Vec<(bool, u64, u32)> = (0..units.len() as u32)
         .into_par_iter()
-        .map(|u| (u64::MAX - size(units.cost(u as usize), &units.budgets), u))
+        .map(|u| {
+            let cost = units.cost(u as usize);
+            let tokens_only = cost[1..].iter().all(|&c| c == 0);
+            (tokens_only, u64::MAX - size(cost, &units.budgets), u)
+        })
         .collect();
     order.par_sort_unstable();
+    let tokens_only = order.partition_point(|&(only, _, _)| !only);
     let mut tree = ColumnTree::new(m);
     let mut room = vec![0u64; m];
     let mut bin_of = vec![0u32; units.len()];
@@ -120,7 +132,7 @@ pub fn first_fit_columns(units: &Units) -> (Vec<u32>, BinTotals) {
         sizes: Vec::new(),
         costs: Vec::new(),
     };
-    for &(_, u) in &order {
+    for &(_, _, u) in &order[..tokens_only] {
         let need = units.cost(u as usize);
         let bin = match tree.first_fit(need) {
             Some(bin) => {
@@ -143,6 +155,28 @@ pub fn first_fit_columns(units: &Units) -> (Vec<u32>, BinTotals) {
         }
         tree.set(bin, &room);
         bin_of[u as usize] = bin as u32;
+    }
+    let budget = units.budgets[0];
+    let mut index = BestFitIndex::for_input(budget, order.len() - tokens_only);
+    for bin in 0..totals.len() {
+        let open = OpenBin {
+            bin: bin as u32,
+            count: 0,
+        };
+        index.insert(tree.node(bin + tree.leaves)[0] - 1, open);
+    }
+    let mut n_bins = totals.len() as u32;
+    for &(_, _, u) in &order[tokens_only..] {
+        let need = units.cost(u as usize)[0];
+        let (remaining, open) = index.take_best_or_open(need, budget, &mut n_bins);
+        if open.bin as usize == totals.len() {
+            totals.sizes.push(0);
+            totals.costs.push(0);
+        }
+        totals.sizes[open.bin as usize] += 1;
+        totals.costs[open.bin as usize] += need;
+        index.insert(remaining - need, open);
+        bin_of[u as usize] = open.bin;
     }
     (bin_of, totals)
 }

@@ -230,3 +230,28 @@ fn costs_respect_the_scarce_column() {
     assert_eq!(bins.packing.lengths, vec![10; 10]);
     assert_eq!(bins.packing.bin_tokens, vec![32; 5]);
 }
+
+#[test]
+fn sequences_costing_only_tokens_fill_the_tightest_token_room_last() {
+    // Rows 0 and 1 cost images and open a bin each (token room 5, then 3); the text row
+    // comes after them whatever its size, and goes where its 3 tokens fit tightest.
+    let options = CostOptions {
+        max_seqs: None,
+        pad_to_multiple_of: 1,
+        oversize: "error",
+    };
+    let bins = pack_costs(&[5, 4, 7, 1, 3, 0], 2, &[10, 5], None, options).unwrap();
+    let packing = &bins.packing;
+    assert_eq!(packing.n_bins(), 2);
+    let bin_of_row = |row: i64| {
+        let at = packing.indices.iter().position(|&i| i == row).unwrap();
+        packing
+            .bin_offsets
+            .iter()
+            .rposition(|&o| o as usize <= at)
+            .unwrap()
+    };
+    assert_eq!(bin_of_row(0), 0);
+    assert_eq!(bin_of_row(1), 1);
+    assert_eq!(bin_of_row(2), 1);
+}
