@@ -178,6 +178,23 @@ def test_trainer_trains_each_rank_on_its_share_of_a_mixture_of_datasets(hf_train
             assert counts == since.tolist()
 
 
+def test_trainer_trains_on_micro_batches_within_every_budget(hf_trainer: Logs) -> None:
+    # A sampler packing images besides tokens: each rank trains on its own sampler's
+    # micro-batches, two to a step, each document once, no micro-batch over a budget.
+    images = run_support.IMAGES[np.arange(run_support.N_DOCS) % 4]
+    doc_lengths = run_support.lengths()
+    logs = hf_trainer["extra_costs"]
+    assert_each_document_once_per_epoch(logs, epochs=1)
+    for rank, records in logs.items():
+        assert [r["docs"] for r in records] == list(run_support.extra_costs_sampler(rank))
+        n = len(records)
+        assert micro_batches_per_step(records, 0) == [2] * (n // 2) + [1] * (n % 2)
+        for r in records:
+            assert images[r["docs"]].sum() <= run_support.MAX_IMAGES
+            assert doc_lengths[r["docs"]].sum() <= run_support.MAX_TOKENS
+    assert any(images[r["docs"]].sum() == run_support.MAX_IMAGES for r in logs[0])
+
+
 @pytest.mark.parametrize("prefix", ["", "schedule_"])
 def test_trainer_resumes_mid_epoch_exactly(hf_trainer: Logs, prefix: str) -> None:
     assert_resumed_exactly(

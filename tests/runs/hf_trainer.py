@@ -10,7 +10,8 @@ Trainer), and logs every micro-batch each rank trains on:
 * ``schedule_uninterrupted``, ``schedule_stopped``, ``schedule_resumed``: the same with a
   batch-size ramp deciding the optimizer steps (stopped at ``TRAINER_STOP["schedule"]``);
 * ``mixture``: ``MIXTURE_STEPS`` steps of a mixture of two ``datasets.Dataset`` sources,
-  trained on their concatenation; ``mixture_logs`` holds each rank's log history.
+  trained on their concatenation; ``mixture_logs`` holds each rank's log history;
+* ``extra_costs``: one epoch of a sampler that packs images besides tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from run_support import (
     RecordingMixin,
     documents,
     exit_when_every_rank_is_done,
+    extra_costs_sampler,
     lengths,
     load_checkpoints_on_the_cpu,
     mixture_sampler,
@@ -121,6 +123,25 @@ def run_mixture(out: Path) -> None:
     Log(out, "mixture_logs").write(history=trainer.state.log_history)
 
 
+def run_extra_costs(out: Path) -> None:
+    args = TrainingArguments(
+        str(out / "extra_costs"),
+        **CPU_TRAINING_ARGS,
+        num_train_epochs=1,
+        gradient_accumulation_steps=2,
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = RecordingTrainer(
+        model=tiny_llama(),
+        args=args,
+        train_dataset=documents(),
+        batch_sampler=extra_costs_sampler(),
+    )
+    trainer.records = Log(out, "extra_costs")
+    trainer.train()
+
+
 def main() -> None:
     start_workers_from_a_fork_server()
     load_checkpoints_on_the_cpu()
@@ -133,6 +154,7 @@ def main() -> None:
         run(out, f"{prefix}stopped", stopped, stop=stop, **options)
         run(out, f"{prefix}resumed", stopped, resume=f"{stopped}/checkpoint-{stop}", **options)
     run_mixture(out)
+    run_extra_costs(out)
 
 
 if __name__ == "__main__":

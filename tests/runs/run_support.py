@@ -69,6 +69,21 @@ def mixture_sampler(rank: int | None = None) -> TokenBudgetBatchSampler:
     )
 
 
+#: The extra-costs run's budget of images per micro-batch; each document carries
+#: ``IMAGES[i % 4]`` of them.
+MAX_IMAGES, IMAGES = 5, np.array([0, 1, 3, 2])
+
+
+def extra_costs_sampler(rank: int | None = None) -> TokenBudgetBatchSampler:
+    """The extra-costs run's sampler: tokens and images under their budgets (``rank``
+    given: that rank's sampler of 2, otherwise the process group's)."""
+    ranks = {} if rank is None else {"num_replicas": 2, "rank": rank}
+    images = IMAGES[np.arange(N_DOCS) % 4, None]
+    return TokenBudgetBatchSampler(
+        lengths(), MAX_TOKENS, seed=1, extra_costs=images, max_extra_costs=[MAX_IMAGES], **ranks
+    )
+
+
 def documents(n: int = N_DOCS, seed: int = 0) -> list[dict[str, list[int]]]:
     rng = np.random.default_rng(seed + 1)
     docs = []
