@@ -69,3 +69,26 @@ def test_pack_multimodal(benchmark: Any, n: int, how: str) -> None:
     if how == "three columns":
         assert overflowing_bins(packing, costs) == 0
         assert packing.n_bins <= 1.02 * column_bound
+
+
+@pytest.mark.parametrize("n", sizes([1_000_000], [10_000]))
+@pytest.mark.parametrize("how", ["three columns", "token column"])
+def test_sampler_multimodal(benchmark: Any, n: int, how: str) -> None:
+    """What a vision-language job pays before its first epoch on one rank of 8: the
+    sampler built over the items' tokens, with their patches and images as extra costs
+    (or on tokens alone), and this rank's batches iterated."""
+    from tokenbatch.torch import TokenBudgetBatchSampler
+
+    costs = multimodal_costs(n)
+    tokens = np.ascontiguousarray(costs[:, 0])
+    extra = {"extra_costs": costs[:, 1:], "max_extra_costs": MAX_COSTS[1:]}
+    options = extra if how == "three columns" else {}
+    benchmark.group = f"multimodal sampler n={n:,}"
+
+    def construct_and_iterate() -> int:
+        sampler = TokenBudgetBatchSampler(tokens, MAX_COSTS[0], num_replicas=8, rank=3, **options)
+        return sum(1 for _ in sampler)
+
+    count = benchmark.pedantic(construct_and_iterate, rounds=3, iterations=1)
+    column_bound = max(-(-int(costs[:, c].sum()) // MAX_COSTS[c]) for c in range(3))
+    assert count * 8 >= column_bound
