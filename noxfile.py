@@ -64,8 +64,9 @@ INTEGRATIONS = {
         ("tests/test_trainers.py", "tests/test_integrations.py", "tests/test_evaluation_runs.py"),
         "test_trainer_ or hf_evaluate",
         "2 ranks: gradient accumulation and a batch-size ramp, each stopped mid-epoch and "
-        "resumed exactly; a mixture of two datasets sources, each rank on its plan; "
-        "evaluate() with every document once and its exact loss",
+        "resumed exactly; a mixture of two datasets sources, each rank on its plan; a "
+        "sampler packing images besides tokens; evaluate() with every document once and its "
+        "exact loss",
     ),
     "trl_sft": Integration(
         "TRL SFTTrainer",
